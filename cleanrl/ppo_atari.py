@@ -125,7 +125,7 @@ def atari_game(env_id: str) -> str:
     fail(f"unknown Atari env id {env_id!r} (try BreakoutNoFrameskip-v4 or ALE/Breakout-v5)")
 
 
-def make_envs(env_id: str, num_envs: int, repeat_action_probability: float) -> AtariVectorEnv:
+def make_envs(env_id: str, num_envs: int, repeat_action_probability: float, noop_max: int = 30) -> AtariVectorEnv:
     # Life loss and reward clipping are applied by the training loop, not by the environment:
     # ale-py's `episodic_life=True` restarts the whole game at each life loss, which is not the
     # usual trick (the game goes on with its remaining lives). Keeping the real game here also
@@ -138,7 +138,7 @@ def make_envs(env_id: str, num_envs: int, repeat_action_probability: float) -> A
         num_threads=min(num_envs, os.cpu_count() or 1),
         repeat_action_probability=repeat_action_probability,
         autoreset_mode="SameStep",
-        noop_max=30,
+        noop_max=noop_max,
         frameskip=4,
         maxpool=True,
         use_fire_reset=True,
@@ -438,7 +438,7 @@ def main(args: Args):
         return
 
     envs = make_envs(args.env_id, args.num_envs, args.repeat_action_probability)
-    num_actions = envs.single_action_space.n
+    num_actions = int(envs.single_action_space.n)
     agent = Agent(num_actions).to(device).to(memory_format=torch.channels_last)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
 

@@ -1,0 +1,190 @@
+"""Specification of cleanrl/ppo_atari.py."""
+
+import glob
+import os
+
+import ale_py
+import numpy as np
+import pytest
+import torch
+from common import PPO_TAGS, assert_user_error, read_scalars, reference_gae, run_dirs, run_script
+
+import cleanrl.ppo_atari as ppo_atari
+
+# A short run: 2 envs x 128 steps, 4 iterations. Random play finishes a few Breakout games in it.
+SHORT_RUN = ["--num-envs", "2", "--num-steps", "128", "--total-timesteps", "1024"]
+
+
+def test_gae_matches_the_textbook_definition():
+    rng = np.random.default_rng(0)
+    rewards, values = rng.normal(size=(2, 16, 3))
+    dones = (rng.random((16, 3)) < 0.2).astype(np.float64)
+    next_value = rng.normal(size=3)
+    advantages, returns = ppo_atari.compute_gae(
+        torch.tensor(rewards), torch.tensor(values), torch.tensor(dones), torch.tensor(next_value), 0.99, 0.95
+    )
+    expected = reference_gae(rewards.tolist(), values.tolist(), dones.tolist(), next_value.tolist(), 0.99, 0.95)
+    np.testing.assert_allclose(advantages.numpy(), expected, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(returns.numpy(), np.array(expected) + values, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("env_id", ["BreakoutNoFrameskip-v4", "ALE/Breakout-v5", "Breakout-v5"])
+def test_env_id_styles_name_the_same_game(env_id):
+    assert ppo_atari.atari_game(env_id) == "breakout"
+
+
+def test_multiword_env_ids_map_to_their_rom():
+    assert ppo_atari.atari_game("SpaceInvadersNoFrameskip-v4") == "space_invaders"
+    assert ppo_atari.atari_game("ALE/MontezumaRevenge-v5") == "montezuma_revenge"
+
+
+def replay_in_raw_emulator(seed: int, actions: list[int]) -> list[tuple[float, int]]:
+    """Plays the same actions in a bare ALEInterface (fire on reset, 4 frames per action);
+    returns (score, agent steps) of each finished game."""
+    ale = ale_py.ALEInterface()
+    ale.setInt("random_seed", seed)
+    ale.setFloat("repeat_action_probability", 0.0)
+    ale.loadROM(ale_py.roms.get_rom_path("breakout"))
+    action_set = ale.getMinimalActionSet()
+    ale.reset_game()
+    ale.act(action_set[1])  # FIRE, as the vector env's fire reset
+    games, score, length = [], 0.0, 0
+    for action in actions:
+        for _ in range(4):
+            score += ale.act(action_set[action])
+            if ale.game_over():
+                break
+        length += 1
+        if ale.game_over():
+            games.append((score, length))
+            break  # the vector env reseeds its next game; comparing the first game per env is enough
+    return games
+
+
+def test_episode_statistics_are_whole_unclipped_games_of_the_raw_emulator():
+    # Noop starts off, so the raw emulator can replay the exact same game.
+    num_envs, seed = 3, 7
+    envs = ppo_atari.make_envs("BreakoutNoFrameskip-v4", num_envs, 0.0, noop_max=0)
+    stats = ppo_atari.EpisodeStatistics(num_envs)
+    envs.reset(seed=seed)
+    rng = np.random.default_rng(0)
+    actions = [[] for _ in range(num_envs)]
+    first_games = {}
+    saw_life_loss_without_game_over = False
+    lives = np.full(num_envs, 5)
+    while len(first_games) < num_envs:
+        action = rng.integers(0, 4, size=num_envs)
+        for i in range(num_envs):
+            if i not in first_games:
+                actions[i].append(int(action[i]))
+        _, reward, terminated, truncated, info = envs.step(action)
+        life_lost = (info["lives"] < lives) & ~(terminated | truncated)
+        saw_life_loss_without_game_over |= bool(life_lost.any())
+        lives = info["lives"].copy()
+        for i, episodic_return, episodic_length in stats.step(reward, terminated | truncated):
+            first_games.setdefault(i, (episodic_return, episodic_length))
+    envs.close()
+
+    assert saw_life_loss_without_game_over, "a life loss must not end the game"
+    for i in range(num_envs):
+        raw_games = replay_in_raw_emulator(seed + i, actions[i])
+        assert raw_games == [first_games[i]], f"env {i}"
+
+
+def test_episode_statistics_count_every_step_and_reset_at_game_over():
+    stats = ppo_atari.EpisodeStatistics(2)
+    assert stats.step(np.array([1.0, 4.0]), np.array([False, False])) == []
+    assert stats.step(np.array([2.0, 0.0]), np.array([True, False])) == [(0, 3.0, 2)]
+    assert stats.step(np.array([5.0, 1.0]), np.array([True, True])) == [(0, 5.0, 1), (1, 5.0, 3)]
+
+
+def test_short_training_run_logs_every_tag_for_every_iteration(tmp_path):
+    result = run_script("ppo_atari.py", *SHORT_RUN, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "finished 4 iterations, 1024 steps" in result.stdout
+    (run_dir,) = run_dirs(tmp_path)
+    scalars = read_scalars(run_dir)
+    for tag in PPO_TAGS:
+        assert tag in scalars, tag
+    assert [step for step, _ in scalars["charts/SPS"]] == [256, 512, 768, 1024]
+    assert all(np.isfinite(value) for _, value in scalars["losses/value_loss"])
+    # Learning rate annealed linearly from 2.5e-4 towards 0.
+    np.testing.assert_allclose([v for _, v in scalars["charts/learning_rate"]], [2.5e-4, 1.875e-4, 1.25e-4, 6.25e-5])
+    # Full games of Breakout under random play score a few points, never a negative or fractional one.
+    returns = [value for _, value in scalars["charts/episodic_return"]]
+    lengths = [value for _, value in scalars["charts/episodic_length"]]
+    assert returns and all(r >= 0 and r == int(r) for r in returns)
+    assert all(length > 50 for length in lengths), "a game spans all five lives"
+
+
+def test_bf16_training_run_gives_finite_losses(tmp_path):
+    result = run_script("ppo_atari.py", *SHORT_RUN[:-1], "512", "--mixed-precision", "bf16", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "finished 2 iterations" in result.stdout
+    scalars = read_scalars(run_dirs(tmp_path)[0])
+    for tag in ["losses/value_loss", "losses/policy_loss", "losses/approx_kl"]:
+        assert all(np.isfinite(value) for _, value in scalars[tag]), tag
+
+
+def test_save_then_evaluate_round_trip(tmp_path):
+    result = run_script("ppo_atari.py", *SHORT_RUN[:-1], "256", "--save-model", "--eval-episodes", "2", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (model_path,) = glob.glob(str(tmp_path / "runs" / "*" / "ppo_atari.cleanrl_model"))
+    assert result.stdout.count("eval_episode=") == 2
+
+    evaluation = run_script("ppo_atari.py", "--eval-checkpoint", model_path, "--eval-episodes", "3", cwd=tmp_path)
+    assert evaluation.returncode == 0, evaluation.stderr
+    assert evaluation.stdout.count("eval_episode=") == 3
+    assert "eval: mean return" in evaluation.stdout
+
+
+def test_loaded_model_equals_saved_model(tmp_path):
+    agent = ppo_atari.Agent(4)
+    args = ppo_atari.Args()
+    path = str(tmp_path / "agent.cleanrl_model")
+    ppo_atari.save_model(path, agent, args)
+    loaded, saved_args = ppo_atari.load_model(path, torch.device("cpu"))
+    assert saved_args["env_id"] == args.env_id
+    obs = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
+    torch.testing.assert_close(loaded.get_value(obs), agent.get_value(obs), rtol=0, atol=0)
+
+
+def test_evaluation_plays_the_requested_number_of_whole_games():
+    agent = ppo_atari.Agent(4)
+    returns = ppo_atari.evaluate(agent, "BreakoutNoFrameskip-v4", 3, torch.device("cpu"), seed=1)
+    assert len(returns) == 3
+    assert all(r >= 0 for r in returns)
+
+
+def test_wandb_offline_run_is_created(tmp_path):
+    result = run_script(
+        "ppo_atari.py", *SHORT_RUN[:-1], "256", "--track", cwd=tmp_path, env={"WANDB_DIR": str(tmp_path)}
+    )
+    assert result.returncode == 0, result.stderr
+    assert glob.glob(str(tmp_path / "wandb" / "offline-run-*")), os.listdir(tmp_path)
+
+
+def test_capture_video_writes_an_mp4_of_a_whole_game(tmp_path):
+    result = run_script("ppo_atari.py", *SHORT_RUN, "--capture-video", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    videos = glob.glob(str(tmp_path / "videos" / "*" / "game-*.mp4"))
+    assert videos and all(os.path.getsize(v) > 1000 for v in videos)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--env-id", "NoSuchGameNoFrameskip-v4"], "unknown Atari env id"),
+        (["--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], "not divisible"),
+        (["--total-timesteps", "100"], "smaller than one batch"),
+        (["--eval-checkpoint", "missing.cleanrl_model"], "does not exist"),
+    ],
+)
+def test_bad_input_is_a_one_line_error(tmp_path, args, message):
+    assert_user_error(run_script("ppo_atari.py", *args, cwd=tmp_path), message)
+
+
+def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):
+    (tmp_path / "corrupt.cleanrl_model").write_bytes(b"not a checkpoint")
+    result = run_script("ppo_atari.py", "--eval-checkpoint", "corrupt.cleanrl_model", cwd=tmp_path)
+    assert_user_error(result, "not a readable")
