@@ -1,0 +1,60 @@
+"""Learning benchmark: train a script for real on several seeds, one run after the other, and
+report the mean return of the last 100 finished episodes of each run (read from TensorBoard).
+
+    python benchmark/learning.py --script ppo --seeds 1 2 3 -- --env-id CartPole-v1 --total-timesteps 500000
+    python benchmark/learning.py --script ppo_atari --seeds 1 -- --total-timesteps 1000000
+
+Runs are written under `--workdir` (default benchmark/results/), so their TensorBoard logs can be
+plotted later (`tensorboard --logdir benchmark/results/runs`).
+"""
+
+import argparse
+import glob
+import os
+import subprocess
+import sys
+import time
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def episodic_returns(run_dir: str) -> list[float]:
+    accumulator = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    accumulator.Reload()
+    return [event.value for event in accumulator.Scalars("charts/episodic_return")]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--script", required=True, help="a script of cleanrl/, without .py")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1])
+    parser.add_argument("--workdir", default=os.path.join(REPO_ROOT, "benchmark", "results"))
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="after --: arguments for the script")
+    cli = parser.parse_args()
+    script_args = [a for a in cli.script_args if a != "--"]
+    os.makedirs(cli.workdir, exist_ok=True)
+
+    results = []
+    for seed in cli.seeds:
+        exp_name = f"{cli.script}_bench_{int(time.time())}"
+        command = [sys.executable, os.path.join(REPO_ROOT, "cleanrl", f"{cli.script}.py"),
+                   "--seed", str(seed), "--exp-name", exp_name, *script_args]
+        print("$", " ".join(command), flush=True)
+        start = time.time()
+        subprocess.run(command, cwd=cli.workdir, check=True)
+        (run_dir,) = glob.glob(os.path.join(cli.workdir, "runs", f"*__{exp_name}__{seed}__*"))
+        returns = episodic_returns(run_dir)[-100:]
+        mean = sum(returns) / len(returns) if returns else float("nan")
+        results.append((seed, mean, len(returns), time.time() - start))
+        print(f"seed {seed}: mean return of the last {len(returns)} episodes {mean:.2f} ({time.time() - start:.0f} s)",
+              flush=True)
+
+    print(f"\n{cli.script} {' '.join(script_args)}")
+    for seed, mean, count, seconds in results:
+        print(f"  seed {seed}: {mean:.2f} (last {count} episodes, {seconds:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
