@@ -1,0 +1,156 @@
+"""Specification of cleanrl/ppo.py."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from common import PPO_TAGS, assert_user_error, read_scalars, reference_gae, run_dirs, run_script
+
+import cleanrl.ppo as ppo
+
+GAMMA = 0.99
+
+
+class FixedLengthEnv(gym.Env):
+    """Reward 1 per step; terminates after exactly `length` steps (never, if length is None).
+    The observation is constant, so the critic gives every state the same value."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, length: int | None = None):
+        self.length = length
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.ones(3, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        terminated = self.length is not None and self.t >= self.length
+        return np.ones(3, np.float32), 1.0, terminated, False, {}
+
+
+TERMINATION_LENGTH = 5
+TRUNCATION_LENGTH = 4
+gym.register("TerminatesAfter5-v0", entry_point=FixedLengthEnv, kwargs={"length": TERMINATION_LENGTH})
+gym.register("TruncatedAfter4-v0", entry_point=FixedLengthEnv, max_episode_steps=TRUNCATION_LENGTH)
+
+
+@pytest.fixture(autouse=True)
+def restore_torch_threads():
+    """main() sets torch to one thread; give later tests in this process their default back."""
+    num_threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(num_threads)
+
+
+def small_args(env_id: str, **overrides) -> ppo.Args:
+    """2 envs x 16 steps, 2 iterations."""
+    fields = dict(env_id=env_id, num_envs=2, num_steps=16, num_minibatches=2, total_timesteps=64, cuda=False)
+    return ppo.Args(**{**fields, **overrides})
+
+
+def test_gae_matches_the_textbook_definition():
+    rng = np.random.default_rng(0)
+    rewards, values = rng.normal(size=(2, 16, 3))
+    dones = (rng.random((16, 3)) < 0.2).astype(np.float64)
+    assert dones.sum() >= 5
+    next_value = rng.normal(size=3)
+    advantages, returns = ppo.compute_gae(
+        torch.tensor(rewards), torch.tensor(values), torch.tensor(dones), torch.tensor(next_value), 0.99, 0.95
+    )
+    expected = reference_gae(rewards.tolist(), values.tolist(), dones.tolist(), next_value.tolist(), 0.99, 0.95)
+    np.testing.assert_allclose(advantages.numpy(), expected, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(returns.numpy(), np.array(expected) + values, rtol=1e-10, atol=1e-10)
+
+
+def test_gae_with_lambda_one_returns_the_discounted_rewards_plus_bootstrap():
+    rng = np.random.default_rng(1)
+    num_steps, gamma = 10, 0.9
+    rewards, values = rng.normal(size=(2, num_steps, 2))
+    next_value = rng.normal(size=2)
+    _, returns = ppo.compute_gae(
+        torch.tensor(rewards), torch.tensor(values), torch.zeros(num_steps, 2, dtype=torch.float64),
+        torch.tensor(next_value), gamma, 1.0,
+    )
+    for t in range(num_steps):
+        discounts = gamma ** np.arange(num_steps - t)
+        expected = (discounts[:, None] * rewards[t:]).sum(axis=0) + gamma ** (num_steps - t) * next_value
+        np.testing.assert_allclose(returns[t].numpy(), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_only_truncated_but_not_terminated_steps_get_the_bootstrap():
+    rewards = torch.tensor([1.0, 1.0, 1.0, 1.0])
+    terminations = torch.tensor([False, True, False, True])
+    truncations = torch.tensor([False, False, True, True])
+    final_values = torch.tensor([5.0, 6.0, 7.0, 8.0])
+    corrected = ppo.bootstrap_truncated(rewards, terminations, truncations, final_values, 0.9)
+    torch.testing.assert_close(corrected, torch.tensor([1.0, 1.0, 1.0 + 0.9 * 7.0, 1.0]))
+
+
+def test_truncated_episodes_end_the_trajectory_and_bootstrap_from_the_critic(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rollouts = []
+    compute_gae = ppo.compute_gae
+
+    def recording_gae(rewards, values, dones, next_value, gamma, gae_lambda):
+        rollouts.append((rewards.clone(), values.clone(), dones.clone()))
+        return compute_gae(rewards, values, dones, next_value, gamma, gae_lambda)
+
+    monkeypatch.setattr(ppo, "compute_gae", recording_gae)
+    ppo.main(small_args("TruncatedAfter4-v0", gamma=GAMMA))
+
+    assert len(rollouts) == 2
+    for rewards, values, dones in rollouts:
+        truncated = torch.tensor([(t + 1) % TRUNCATION_LENGTH == 0 for t in range(16)])[:, None].expand(16, 2)
+        torch.testing.assert_close(dones, truncated.float())
+        # no fake transitions: every step is a real one with reward 1
+        torch.testing.assert_close(rewards[~truncated], torch.ones(int((~truncated).sum())))
+        # the observation never changes, so V(final obs) is the value of any step of the same rollout
+        assert values.abs().min() > 1e-4, "an all-zero critic could not tell a bootstrap from none"
+        torch.testing.assert_close(rewards[truncated], 1.0 + GAMMA * values[truncated])
+
+    scalars = read_scalars(run_dirs(tmp_path)[0])
+    assert {length for _, length in scalars["charts/episodic_length"]} == {TRUNCATION_LENGTH}
+    # the logged return is the environment's, without the bootstrap
+    assert {ret for _, ret in scalars["charts/episodic_return"]} == {float(TRUNCATION_LENGTH)}
+
+
+def test_every_episode_is_logged_once_with_its_return_and_length_at_its_own_step(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ppo.main(small_args("TerminatesAfter5-v0"))
+
+    scalars = read_scalars(run_dirs(tmp_path)[0])
+    returns, lengths = scalars["charts/episodic_return"], scalars["charts/episodic_length"]
+    # 32 steps per env: episodes end at vector steps 5, 10, ..., 30; env i's step there is global
+    # step (vector step - 1) * num_envs + i + 1
+    expected_steps = [(n - 1) * 2 + i + 1 for n in range(5, 33, 5) for i in range(2)]
+    assert [step for step, _ in returns] == expected_steps
+    assert [step for step, _ in lengths] == expected_steps
+    assert all(value == TERMINATION_LENGTH for _, value in returns + lengths)
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--env-id", "NoSuchEnv-v0"], "NoSuchEnv-v0"),
+        (["--num-minibatches", "3"], "num_minibatches"),
+        (["--total-timesteps", "100"], "total_timesteps"),
+    ],
+    ids=["unknown-env-id", "batch-not-divisible", "budget-below-one-batch"],
+)
+def test_bad_input_exits_with_a_one_line_error(tmp_path, args, fragment):
+    assert_user_error(run_script("ppo.py", *args, cwd=tmp_path, timeout=120), fragment)
+
+
+def test_short_cartpole_run_finishes_its_iterations_and_logs_every_tag(tmp_path):
+    result = run_script("ppo.py", "--total-timesteps", "2048", cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1].startswith("finished 4 iterations, 2048 steps")
+    (run_dir,) = run_dirs(tmp_path)
+    scalars = read_scalars(run_dir)
+    assert set(PPO_TAGS) <= set(scalars)
+    assert len(scalars["charts/SPS"]) == 4
