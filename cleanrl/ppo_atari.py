@@ -95,12 +95,12 @@ class Args:
     target_kl: float | None = None
     """the target KL divergence threshold (stops the epochs of an update early)"""
 
-    # Computed at run time
-    batch_size: int = 0
+    # Computed at run time (hidden from the command line: a value given there would be overwritten)
+    batch_size: tyro.conf.Suppress[int] = 0
     """the batch size (num_envs * num_steps)"""
-    minibatch_size: int = 0
+    minibatch_size: tyro.conf.Suppress[int] = 0
     """the mini-batch size (batch_size // num_minibatches)"""
-    num_iterations: int = 0
+    num_iterations: tyro.conf.Suppress[int] = 0
     """the number of iterations (total_timesteps // batch_size)"""
 
 
@@ -493,10 +493,12 @@ def main(args: Args):
 
             if video is not None:
                 video.add(next_obs_np[0], bool(game_over[0]), info["final_obs"][0] if game_over[0] else None)
+            # The env steps of one vector step count as consecutive global steps, env 0 first, so
+            # every game is logged at a step of its own.
             for i, episodic_return, episodic_length in episode_stats.step(reward, game_over):
                 recent_returns.append(episodic_return)
-                writer.add_scalar("charts/episodic_return", episodic_return, global_step)
-                writer.add_scalar("charts/episodic_length", episodic_length, global_step)
+                writer.add_scalar("charts/episodic_return", episodic_return, global_step - args.num_envs + i + 1)
+                writer.add_scalar("charts/episodic_length", episodic_length, global_step - args.num_envs + i + 1)
 
         with torch.inference_mode(), autocast():
             next_value = agent.get_value(next_obs).flatten()

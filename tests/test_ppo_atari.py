@@ -115,6 +115,8 @@ def test_short_training_run_logs_every_tag_for_every_iteration(tmp_path):
     lengths = [value for _, value in scalars["charts/episodic_length"]]
     assert returns and all(r >= 0 and r == int(r) for r in returns)
     assert all(length > 50 for length in lengths), "a game spans all five lives"
+    steps = [step for step, _ in scalars["charts/episodic_return"]]
+    assert len(set(steps)) == len(steps), "every game is logged at a global step of its own"
 
 
 def test_bf16_training_run_gives_finite_losses(tmp_path):
