@@ -1,0 +1,268 @@
+"""Specification of cleanrl/ppo_atari_envpool.py, and of the envpool behaviour it relies on."""
+
+import glob
+import os
+
+import numpy as np
+import pytest
+import torch
+from common import PPO_TAGS, assert_user_error, read_scalars, reference_gae, run_dirs, run_script
+
+import cleanrl.ppo_atari_envpool as ppo_envpool
+
+SCRIPT = "ppo_atari_envpool.py"
+# A short run: 2 envs x 128 steps, 4 iterations. Random play finishes a few Breakout games in it.
+SHORT_RUN = ["--num-envs", "2", "--num-steps", "128", "--total-timesteps", "1024"]
+
+
+def breakout_score(ram: np.ndarray) -> int:
+    """The score Breakout keeps in its own RAM: two BCD bytes, hundreds at 76, units and tens at 77."""
+    bcd = lambda byte: (int(byte) >> 4) * 10 + (int(byte) & 15)
+    return bcd(ram[76]) * 100 + bcd(ram[77])
+
+
+# --- The math ---------------------------------------------------------------------------------
+def test_gae_matches_the_textbook_definition():
+    rng = np.random.default_rng(0)
+    rewards, values = rng.normal(size=(2, 16, 3))
+    dones = (rng.random((16, 3)) < 0.2).astype(np.float64)
+    next_value = rng.normal(size=3)
+    advantages, returns = ppo_envpool.compute_gae(
+        torch.tensor(rewards), torch.tensor(values), torch.tensor(dones), torch.tensor(next_value), 0.99, 0.95
+    )
+    expected = reference_gae(rewards.tolist(), values.tolist(), dones.tolist(), next_value.tolist(), 0.99, 0.95)
+    np.testing.assert_allclose(advantages.numpy(), expected, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(returns.numpy(), np.array(expected) + values, rtol=1e-10, atol=1e-10)
+
+
+def test_a_truncated_step_bootstraps_from_the_value_of_the_observation_stored_after_it():
+    rewards = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    values = torch.tensor([[0.5, 0.1], [0.2, 0.3], [0.4, 0.6]])
+    truncations = torch.tensor([[1.0, 0.0], [0.0, 0.0], [0.0, 1.0]])
+    next_value = torch.tensor([0.7, 0.9])
+    bootstrapped = ppo_envpool.bootstrap_truncations(rewards, values, truncations, next_value, 0.5)
+    expected = torch.tensor([[1.0 + 0.5 * 0.2, 0.0], [0.0, 1.0], [1.0, 1.0 + 0.5 * 0.9]])
+    torch.testing.assert_close(bootstrapped, expected, rtol=0, atol=1e-7)
+    # With done = 1 at the truncated step, its advantage is r + gamma * V(last observation) - V(s).
+    dones = truncations
+    advantages, _ = ppo_envpool.compute_gae(bootstrapped, values, dones, next_value, 0.5, 0.95)
+    torch.testing.assert_close(advantages[0, 0], torch.tensor(1.0 + 0.5 * 0.2 - 0.5))
+
+
+def test_minibatches_hold_every_played_step_once_and_no_reset_step():
+    played = torch.rand(128, 8, generator=torch.Generator().manual_seed(0)) > 0.05
+    minibatches = ppo_envpool.played_minibatches(played, 4)
+    assert len(minibatches) == 4
+    assert max(len(m) for m in minibatches) - min(len(m) for m in minibatches) <= 1
+    indices = torch.cat(minibatches)
+    assert sorted(indices.tolist()) == torch.nonzero(played.reshape(-1)).flatten().tolist()
+
+
+# --- Environment ids --------------------------------------------------------------------------
+@pytest.mark.parametrize("env_id", ["Breakout-v5", "ALE/Breakout-v5", "BreakoutNoFrameskip-v4"])
+def test_env_id_styles_name_the_same_envpool_task(env_id):
+    assert ppo_envpool.envpool_task(env_id) == "Breakout-v5"
+
+
+def test_multiword_env_ids_map_to_their_envpool_task():
+    assert ppo_envpool.envpool_task("SpaceInvadersNoFrameskip-v4") == "SpaceInvaders-v5"
+    assert ppo_envpool.envpool_task("ALE/MontezumaRevenge-v5") == "MontezumaRevenge-v5"
+
+
+@pytest.mark.parametrize("env_id", ["NoSuchGame-v5", "Ant-v5", "CartPole-v1"])
+def test_non_atari_or_unknown_ids_are_rejected(env_id):
+    with pytest.raises(SystemExit, match="unknown Atari env id"):
+        ppo_envpool.envpool_task(env_id)
+
+
+# --- The envpool behaviour the script relies on ----------------------------------------------
+def test_the_step_after_an_episode_ends_is_a_reset_step_that_ignores_the_action():
+    # Without no-op starts and sticky actions two environments play the same game whatever their
+    # seed, so different actions at the reset steps only would show if those actions were played.
+    envs = ppo_envpool.make_envs("Breakout-v5", 2, 0.0, seed=1, noop_max=1)
+    obs, _ = envs.reset()
+    rng = np.random.default_rng(0)
+    reset_step, reset_steps = False, 0
+    for _ in range(600):
+        action = np.array([0, 3]) if reset_step else np.repeat(rng.integers(0, 4), 2)
+        obs, reward, terminated, truncated, info = envs.step(action)
+        assert (obs[0] == obs[1]).all()
+        if reset_step:
+            reset_steps += 1
+            assert (reward == 0).all()
+        reset_step = bool(terminated[0] | truncated[0])
+    envs.close()
+    assert reset_steps >= 5, "several lives lost and a game over within 600 steps of random play"
+
+
+def test_episodic_life_terminates_at_each_lost_life_and_the_game_goes_on():
+    envs = ppo_envpool.make_envs("Breakout-v5", 1, 0.0, seed=1)
+    envs.reset()
+    lives_at_terminations, game_over_flags = [], []
+    for _ in range(1000):  # NOOPs only: the ball is launched by envpool's FIRE after each lost life
+        _, _, terminated, _, info = envs.step(np.zeros(1, dtype=np.int64))
+        if terminated[0]:
+            lives_at_terminations.append(int(info["lives"][0]))
+            game_over_flags.append(bool(info["terminated"][0]))
+        if info["terminated"][0]:
+            break
+    envs.close()
+    assert lives_at_terminations == [4, 3, 2, 1, 0]
+    assert game_over_flags == [False, False, False, False, True]
+
+
+def test_a_truncated_step_returns_the_real_last_observation_and_the_next_step_a_new_game():
+    envs = ppo_envpool.make_envs("Breakout-v5", 1, 0.0, seed=1, max_episode_steps=20)
+    previous_obs, _ = envs.reset()
+    for _ in range(20):
+        obs, _, terminated, truncated, info = envs.step(np.array([2]))
+        if truncated[0]:
+            break
+        previous_obs = obs
+    assert truncated[0] and not terminated[0] and info["elapsed_step"][0] == 20 and info["lives"][0] == 5
+    # The frame stack goes on: the truncated step's observation is the game's next frame, not a reset.
+    assert (obs[0, :3] == previous_obs[0, 1:]).all()
+    _, _, _, _, info = envs.step(np.array([2]))
+    assert info["elapsed_step"][0] == 0
+    envs.close()
+
+
+# --- Episode statistics -----------------------------------------------------------------------
+def test_episode_statistics_count_played_steps_and_reset_at_game_over_or_time_limit():
+    stats = ppo_envpool.EpisodeStatistics(2)
+    played = np.array([True, True])
+    assert stats.step(np.array([1.0, 4.0]), np.array([False, False]), played) == []
+    # env 0 truncated by the time limit: its score is not carried into its next game.
+    assert stats.step(np.array([2.0, 0.0]), np.array([True, False]), played) == [(0, 3.0, 2)]
+    # A reset step (action ignored) is not a played step.
+    assert stats.step(np.array([0.0, 0.0]), np.array([False, False]), np.array([False, True])) == []
+    assert stats.step(np.array([5.0, 1.0]), np.array([True, True]), played) == [(0, 5.0, 1), (1, 5.0, 4)]
+
+
+def test_episode_statistics_are_each_games_own_score_and_length_including_truncated_games():
+    # The loop of the script, on random actions, with a time limit that cuts some games; each
+    # finished game is checked against the score in the game's RAM and envpool's own step counter.
+    num_envs, time_limit = 4, 160
+    envs = ppo_envpool.make_envs("Breakout-v5", num_envs, 0.0, seed=3, max_episode_steps=time_limit)
+    stats = ppo_envpool.EpisodeStatistics(num_envs)
+    envs.reset()
+    rng = np.random.default_rng(0)
+    reset_step = np.zeros(num_envs, dtype=bool)
+    after_scored_truncation = np.zeros(num_envs, dtype=bool)
+    counts = {"game over": 0, "truncated": 0, "after a scored truncation": 0}
+    for _ in range(3000):
+        _, _, terminated, truncated, info = envs.step(rng.integers(0, 4, size=num_envs))
+        game_over = info["terminated"].astype(bool) | truncated
+        for i, episodic_return, episodic_length in stats.step(info["reward"], game_over, ~reset_step):
+            # A score carried over from a truncated game would exceed the RAM score of the next one.
+            assert episodic_return == breakout_score(info["ram"][i]), f"env {i}"
+            assert episodic_length == info["elapsed_step"][i], f"env {i}"
+            if truncated[i]:
+                assert episodic_length == time_limit and info["lives"][i] > 0
+            else:
+                assert info["lives"][i] == 0 and episodic_length < time_limit
+            counts["truncated" if truncated[i] else "game over"] += 1
+            counts["after a scored truncation"] += after_scored_truncation[i]
+            after_scored_truncation[i] = truncated[i] and episodic_return > 0
+        reset_step = terminated | truncated
+        if min(counts.values()) >= 3:
+            break
+    envs.close()
+    assert min(counts.values()) >= 3, counts
+
+
+# --- Whole runs of the script -----------------------------------------------------------------
+def test_short_training_run_logs_every_tag_for_every_iteration(tmp_path):
+    result = run_script(SCRIPT, *SHORT_RUN, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "finished 4 iterations, 1024 steps" in result.stdout
+    (run_dir,) = run_dirs(tmp_path)
+    scalars = read_scalars(run_dir)
+    for tag in PPO_TAGS:
+        assert tag in scalars, tag
+    assert [step for step, _ in scalars["charts/SPS"]] == [256, 512, 768, 1024]
+    assert all(np.isfinite(value) for _, value in scalars["losses/value_loss"])
+    np.testing.assert_allclose([v for _, v in scalars["charts/learning_rate"]], [2.5e-4, 1.875e-4, 1.25e-4, 6.25e-5])
+    # Whole games of Breakout under random play: a few points, never negative or fractional; each
+    # logged at the global step where it ended, so not all at the end of an iteration.
+    returns = [value for _, value in scalars["charts/episodic_return"]]
+    lengths = [value for _, value in scalars["charts/episodic_length"]]
+    assert returns and all(r >= 0 and r == int(r) for r in returns)
+    assert all(length > 50 for length in lengths), "a game spans all five lives"
+    assert any(step % 256 for step, _ in scalars["charts/episodic_return"])
+
+
+def test_time_limit_truncates_training_games(tmp_path):
+    result = run_script(SCRIPT, *SHORT_RUN[:-1], "256", "--max-episode-steps", "40", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    scalars = read_scalars(run_dirs(tmp_path)[0])
+    # Random play loses all five lives in well over 40 steps: every game ends at the limit, and
+    # each env finishes 3 of them in 128 steps (a reset step follows each lost life and each game).
+    lengths = [value for _, value in scalars["charts/episodic_length"]]
+    assert lengths == [40] * len(lengths) and len(lengths) >= 4
+
+
+def test_bf16_training_run_gives_finite_losses(tmp_path):
+    result = run_script(SCRIPT, *SHORT_RUN[:-1], "512", "--mixed-precision", "bf16", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "finished 2 iterations" in result.stdout
+    scalars = read_scalars(run_dirs(tmp_path)[0])
+    for tag in ["losses/value_loss", "losses/policy_loss", "losses/approx_kl"]:
+        assert all(np.isfinite(value) for _, value in scalars[tag]), tag
+
+
+def test_save_then_evaluate_round_trip(tmp_path):
+    result = run_script(SCRIPT, *SHORT_RUN[:-1], "256", "--save-model", "--eval-episodes", "2", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (model_path,) = glob.glob(str(tmp_path / "runs" / "*" / "ppo_atari_envpool.cleanrl_model"))
+    assert result.stdout.count("eval_episode=") == 2
+
+    evaluation = run_script(SCRIPT, "--eval-checkpoint", model_path, "--eval-episodes", "3", cwd=tmp_path)
+    assert evaluation.returncode == 0, evaluation.stderr
+    assert evaluation.stdout.count("eval_episode=") == 3
+    assert "eval: mean return" in evaluation.stdout
+
+
+def test_loaded_model_equals_saved_model(tmp_path):
+    agent = ppo_envpool.Agent(4)
+    args = ppo_envpool.Args()
+    path = str(tmp_path / "agent.cleanrl_model")
+    ppo_envpool.save_model(path, agent, args)
+    loaded, saved_args = ppo_envpool.load_model(path, torch.device("cpu"))
+    assert saved_args["env_id"] == args.env_id
+    obs = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
+    torch.testing.assert_close(loaded.get_value(obs), agent.get_value(obs), rtol=0, atol=0)
+
+
+def test_evaluation_plays_the_requested_number_of_whole_games():
+    agent = ppo_envpool.Agent(4)
+    returns = ppo_envpool.evaluate(agent, "Breakout-v5", 3, torch.device("cpu"), seed=1)
+    assert len(returns) == 3
+    assert all(r >= 0 and r == int(r) for r in returns)
+
+
+def test_capture_video_writes_an_mp4_of_a_whole_game(tmp_path):
+    result = run_script(SCRIPT, *SHORT_RUN[:-1], "256", "--max-episode-steps", "40", "--capture-video", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    videos = glob.glob(str(tmp_path / "videos" / "*" / "game-*.mp4"))
+    assert videos and all(os.path.getsize(v) > 1000 for v in videos)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--env-id", "NoSuchGame-v5"], "unknown Atari env id"),
+        (["--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], "not divisible"),
+        (["--total-timesteps", "100"], "smaller than one batch"),
+        (["--max-episode-steps", "0"], "must be positive"),
+        (["--eval-checkpoint", "missing.cleanrl_model"], "does not exist"),
+    ],
+)
+def test_bad_input_is_a_one_line_error(tmp_path, args, message):
+    assert_user_error(run_script(SCRIPT, *args, cwd=tmp_path), message)
+
+
+def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):
+    (tmp_path / "corrupt.cleanrl_model").write_bytes(b"not a checkpoint")
+    result = run_script(SCRIPT, "--eval-checkpoint", "corrupt.cleanrl_model", cwd=tmp_path)
+    assert_user_error(result, "not a readable")
