@@ -218,6 +218,8 @@ def main(args: Args) -> None:
             f"{args.num_minibatches}; pick sizes where it is"
         )
     args.minibatch_size = args.batch_size // args.num_minibatches
+    if args.norm_adv and args.minibatch_size < 2:
+        sys.exit(f"error: minibatches of {args.minibatch_size} sample cannot normalize advantages; use fewer --num-minibatches")
     args.num_iterations = args.total_timesteps // args.batch_size
     if args.num_iterations < 1:
         sys.exit(

@@ -402,6 +402,8 @@ def main(args: Args):
             f"num_envs * num_steps = {args.batch_size} is not divisible by num_minibatches = {args.num_minibatches}"
         )
     args.minibatch_size = args.batch_size // args.num_minibatches
+    if args.norm_adv and args.minibatch_size < 2:
+        fail(f"minibatches of {args.minibatch_size} sample cannot normalize advantages; use fewer --num-minibatches")
     args.num_iterations = args.total_timesteps // args.batch_size
     atari_game(args.env_id)  # an unknown env id fails here, before anything is written
     if args.eval_checkpoint is None and args.num_iterations < 1:

@@ -179,6 +179,7 @@ def test_capture_video_writes_an_mp4_of_a_whole_game(tmp_path):
         (["--env-id", "NoSuchGameNoFrameskip-v4"], "unknown Atari env id"),
         (["--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], "not divisible"),
         (["--total-timesteps", "100"], "smaller than one batch"),
+        (["--num-envs", "1", "--num-steps", "4", "--num-minibatches", "4"], "cannot normalize advantages"),
         (["--eval-checkpoint", "missing.cleanrl_model"], "does not exist"),
     ],
 )
