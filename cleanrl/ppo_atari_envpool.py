@@ -95,12 +95,12 @@ class Args:
     target_kl: float | None = None
     """the target KL divergence threshold (stops the epochs of an update early)"""
 
-    # Computed at run time
-    batch_size: int = 0
+    # Computed at run time (hidden from the command line: a value given there would be overwritten)
+    batch_size: tyro.conf.Suppress[int] = 0
     """the batch size (num_envs * num_steps)"""
-    minibatch_size: int = 0
+    minibatch_size: tyro.conf.Suppress[int] = 0
     """the mini-batch size (batch_size // num_minibatches)"""
-    num_iterations: int = 0
+    num_iterations: tyro.conf.Suppress[int] = 0
     """the number of iterations (total_timesteps // batch_size)"""
 
 
