@@ -1,0 +1,894 @@
+"""PPO on Atari (gymnasium 1.x + ale-py), data parallel under torchrun, one file.
+
+The PPO of ppo_atari.py spread over N processes by `torchrun`: on one machine or several, on
+CPUs (gloo) or GPUs (nccl). Each process plays its own `--local-num-envs` games and learns on its
+share of every minibatch; the gradients are averaged over the processes with one all-reduce per
+minibatch, so every process holds bit-identical weights. With `--checkpoint-every` a run can be
+resumed (`--resume`), also by torchrun itself when it restarts failed workers (`--max-restarts`).
+Docs: docs/ppo_atari_multigpu.md
+"""
+
+import glob
+import hashlib
+import os
+import random
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal
+
+import ale_py
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.optim as optim
+import tyro
+from ale_py.vector_env import AtariVectorEnv
+from torch.distributions.categorical import Categorical
+from torch.utils.tensorboard import SummaryWriter
+
+
+@dataclass
+class Args:
+    # Experiment
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment (environment i of the whole job gets seed + i; process r seeds torch with seed + r)"""
+    torch_deterministic: bool = True
+    """if toggled, sets `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, each process uses a GPU (cuda:LOCAL_RANK) when available"""
+    track: bool = False
+    """if toggled, the run is tracked with Weights and Biases"""
+    wandb_project_name: str = "cleanRL"
+    """the wandb project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of the wandb project"""
+    capture_video: bool = False
+    """if toggled, whole games of env 0 of rank 0 are saved as mp4 files to `videos/{run_name}/`"""
+    save_model: bool = False
+    """if toggled, the model is saved to `runs/{run_name}/{exp_name}.cleanrl_model` and evaluated"""
+    eval_checkpoint: str | None = None
+    """if set, no training: load this saved model and play `eval_episodes` full games"""
+    eval_episodes: int = 10
+    """the number of full games played by the evaluation"""
+    mixed_precision: Literal["none", "bf16"] = "none"
+    """bf16 autocasts the network's forward passes; loss, advantages, gradient all-reduce and optimizer stay fp32"""
+
+    # Environment
+    env_id: str = "BreakoutNoFrameskip-v4"
+    """the game: `BreakoutNoFrameskip-v4`, `ALE/Breakout-v5` and `Breakout-v5` all name Breakout"""
+    repeat_action_probability: float = 0.0
+    """sticky actions; 0 is the NoFrameskip-v4 / envpool convention behind the published PPO scores"""
+
+    # Algorithm
+    total_timesteps: int = 10_000_000
+    """total environment steps (agent steps, each 4 emulator frames) of the whole job"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    local_num_envs: int = 8
+    """the number of parallel game environments in each process"""
+    num_steps: int = 128
+    """the number of steps run in each environment per policy rollout"""
+    anneal_lr: bool = True
+    """toggle learning rate annealing to zero over the run"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 4
+    """the number of mini-batches (each process contributes an equal share of every one)"""
+    update_epochs: int = 4
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """toggles advantages normalization (with the statistics of the whole job's minibatch)"""
+    clip_coef: float = 0.1
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """toggles whether or not to use a clipped loss for the value function, as per the paper"""
+    ent_coef: float = 0.01
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """the target KL divergence threshold (stops the epochs of an update early, on every process at once)"""
+
+    # Scale-out
+    backend: str = "auto"
+    """the torch.distributed backend: `nccl`, `gloo`, or `auto` (nccl when each process has a GPU, gloo otherwise)"""
+    device_ids: list[int] | None = None
+    """the GPU of each process on a node, indexed by LOCAL_RANK; unset, process LOCAL_RANK uses cuda:LOCAL_RANK"""
+    checkpoint_every: int = 0
+    """write a resumable checkpoint to `runs/{run_name}/checkpoints/` every K iterations and at the end (0: never)"""
+    resume: str | None = None
+    """a checkpoint file to continue its run from, or `auto`: the newest one of this env_id/exp_name/seed, if any"""
+
+    # Computed at run time (hidden from the command line: a value given there would be overwritten)
+    world_size: tyro.conf.Suppress[int] = 0
+    """the number of processes of the job (torchrun's WORLD_SIZE)"""
+    num_envs: tyro.conf.Suppress[int] = 0
+    """the number of environments of the whole job (local_num_envs * world_size)"""
+    batch_size: tyro.conf.Suppress[int] = 0
+    """the batch size of the whole job (num_envs * num_steps)"""
+    local_batch_size: tyro.conf.Suppress[int] = 0
+    """the batch size of one process (local_num_envs * num_steps)"""
+    minibatch_size: tyro.conf.Suppress[int] = 0
+    """the mini-batch size of the whole job (batch_size // num_minibatches)"""
+    local_minibatch_size: tyro.conf.Suppress[int] = 0
+    """the share of one process in each mini-batch (local_batch_size // num_minibatches)"""
+    num_iterations: tyro.conf.Suppress[int] = 0
+    """the number of iterations (total_timesteps // batch_size)"""
+
+
+def fail(message: str, all_ranks: bool = False):
+    """A user error: one line naming the problem, a non-zero exit on every rank, no traceback.
+
+    Errors every rank detects alike are printed by rank 0 alone; `all_ranks` prints a problem that only
+    some processes see (a missing GPU, say) from each of them."""
+    rank = int(os.environ.get("RANK", "0"))
+    if all_ranks and rank != 0:
+        sys.exit(f"error: (rank {rank}) {message}")
+    sys.exit(f"error: {message}" if rank == 0 else 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment
+# ---------------------------------------------------------------------------------------------
+def atari_game(env_id: str) -> str:
+    """Maps `BreakoutNoFrameskip-v4`, `ALE/Breakout-v5` or `Breakout-v5` to the ROM name `breakout`."""
+    gym.register_envs(ale_py)
+    for candidate in (env_id, f"ALE/{env_id}"):
+        try:
+            spec = gym.spec(candidate)
+        except gym.error.Error:
+            continue
+        if "game" in spec.kwargs:
+            return spec.kwargs["game"]
+    fail(f"unknown Atari env id {env_id!r} (try BreakoutNoFrameskip-v4 or ALE/Breakout-v5)")
+
+
+def make_envs(env_id: str, num_envs: int, repeat_action_probability: float, noop_max: int = 30) -> AtariVectorEnv:
+    # Life loss and reward clipping are applied by the training loop, not by the environment:
+    # ale-py's `episodic_life=True` restarts the whole game at each life loss, which is not the
+    # usual trick (the game goes on with its remaining lives). Keeping the real game here also
+    # gives the episode statistics the full game's unclipped score.
+    # SAME_STEP autoreset: a finished game's step already returns the next game's first
+    # observation, so no fake transition enters the rollout.
+    # The emulator threads are this process's share of the cores: torch's thread count, which
+    # torchrun sets to OMP_NUM_THREADS=1 when it starts several processes per node.
+    return AtariVectorEnv(
+        atari_game(env_id),
+        num_envs,
+        num_threads=min(num_envs, torch.get_num_threads()),
+        repeat_action_probability=repeat_action_probability,
+        autoreset_mode="SameStep",
+        noop_max=noop_max,
+        frameskip=4,
+        maxpool=True,
+        use_fire_reset=True,
+        img_height=84,
+        img_width=84,
+        grayscale=True,
+        stack_num=4,
+        episodic_life=False,
+        reward_clipping=False,
+    )
+
+
+class EpisodeStatistics:
+    """Running score and length of the game each environment is playing."""
+
+    def __init__(self, num_envs: int):
+        self.returns = np.zeros(num_envs, dtype=np.float64)
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
+
+    def step(self, rewards: np.ndarray, game_over: np.ndarray) -> list[tuple[int, float, int]]:
+        """Adds one step of unclipped rewards; returns (env index, return, length) of finished games."""
+        self.returns += rewards
+        self.lengths += 1
+        finished = [(i, float(self.returns[i]), int(self.lengths[i])) for i in np.flatnonzero(game_over)]
+        self.returns[game_over] = 0.0
+        self.lengths[game_over] = 0
+        return finished
+
+
+class VideoRecorder:
+    """Writes each whole game of env 0 as an mp4 of what the agent sees (the newest 84x84 frame)."""
+
+    def __init__(self, folder: str, fps: int = 30):
+        os.makedirs(folder, exist_ok=True)
+        self.folder, self.fps, self.frames, self.games = folder, fps, [], 0
+
+    def add(self, obs_env0: np.ndarray, game_over: bool, final_obs_env0: np.ndarray | None = None):
+        self.frames.append(obs_env0[-1])
+        if game_over:
+            if final_obs_env0 is not None:
+                self.frames[-1] = final_obs_env0[-1]
+            self.write()
+
+    def write(self):
+        from moviepy import ImageSequenceClip  # imported here: only video runs pay for it
+
+        frames = [np.repeat(np.repeat(f, 2, 0), 2, 1)[..., None].repeat(3, -1) for f in self.frames]
+        path = os.path.join(self.folder, f"game-{self.games}.mp4")
+        ImageSequenceClip(frames, fps=self.fps).write_videofile(path, logger=None)
+        self.frames, self.games = [], self.games + 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Network
+# ---------------------------------------------------------------------------------------------
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    def __init__(self, num_actions: int):
+        super().__init__()
+        self.network = nn.Sequential(
+            layer_init(nn.Conv2d(4, 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512)),
+            nn.ReLU(),
+        )
+        self.actor = layer_init(nn.Linear(512, num_actions), std=0.01)
+        self.critic = layer_init(nn.Linear(512, 1), std=1)
+
+    def hidden(self, obs):
+        # obs: (batch, 4, 84, 84) uint8. Channels-last lets the CPU and GPU conv kernels run
+        # without layout shuffles: 1.6x faster updates on CPU.
+        x = (obs.float() / 255.0).contiguous(memory_format=torch.channels_last)
+        return self.network(x)
+
+    def get_value(self, obs):
+        # .float(): under bf16 autocast the heads compute in bf16, the losses must not.
+        return self.critic(self.hidden(obs)).float()
+
+    def get_action_and_value(self, obs, action=None):
+        hidden = self.hidden(obs)
+        logits = self.actor(hidden).float()
+        probs = Categorical(logits=logits)
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).float()
+
+
+# ---------------------------------------------------------------------------------------------
+# The math: small pure functions, tested alone
+# ---------------------------------------------------------------------------------------------
+def compute_gae(rewards, values, dones, next_value, gamma: float, gae_lambda: float):
+    """Generalized advantage estimation over one rollout.
+
+    rewards, values, dones: (num_steps, num_envs); dones[t] = 1 if the transition at step t ended
+    the (learning) episode. next_value: (num_envs,), the value of the observation after the last step.
+    Returns (advantages, returns), both (num_steps, num_envs).
+    """
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros_like(next_value)
+    for t in reversed(range(num_steps)):
+        next_values = next_value if t == num_steps - 1 else values[t + 1]
+        nonterminal = 1.0 - dones[t]
+        delta = rewards[t] + gamma * next_values * nonterminal - values[t]
+        lastgaelam = delta + gamma * gae_lambda * nonterminal * lastgaelam
+        advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def ppo_loss(
+    newlogprob, entropy, newvalue, logprobs, advantages, returns, values, args: Args
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The clipped PPO objective on one minibatch; returns the loss and the statistics to log."""
+    logratio = newlogprob - logprobs
+    ratio = logratio.exp()
+    with torch.no_grad():
+        # http://joschu.net/blog/kl-approx.html
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+    if args.norm_adv:
+        # Normalized with the statistics of the whole job's minibatch, not of this process's share:
+        # the averaged gradient is then the gradient one process would get on the whole minibatch.
+        adv_mean, adv_std = global_mean_std(advantages)
+        advantages = (advantages - adv_mean) / (adv_std + 1e-8)
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+    newvalue = newvalue.view(-1)
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - returns) ** 2
+        v_clipped = values + torch.clamp(newvalue - values, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    stats = dict(
+        policy_loss=pg_loss.detach(),
+        value_loss=v_loss.detach(),
+        entropy=entropy_loss.detach(),
+        old_approx_kl=old_approx_kl,
+        approx_kl=approx_kl,
+        clipfrac=clipfrac,
+    )
+    return loss, stats
+
+
+# ---------------------------------------------------------------------------------------------
+# Data parallel: the collective operations
+# ---------------------------------------------------------------------------------------------
+def global_mean_std(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and standard deviation (unbiased, as `torch.std`) of the union of every rank's `x`.
+
+    One all-reduce of each rank's (count, mean, sum of squared deviations), combined exactly
+    (Chan et al.), in float64. Without a process group (or with one process) it is `x.mean(), x.std()`.
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return x.mean(), x.std()
+    x64 = x.detach().double()
+    pieces = torch.zeros(dist.get_world_size(), 3, dtype=torch.float64, device=x.device)
+    count = torch.tensor(x.numel(), dtype=torch.float64, device=x.device)
+    pieces[dist.get_rank()] = torch.stack([count, x64.mean(), ((x64 - x64.mean()) ** 2).sum()])
+    dist.all_reduce(pieces)
+    counts, means, squares = pieces.unbind(1)
+    mean = (counts * means).sum() / counts.sum()
+    variance = (squares.sum() + (counts * (means - mean) ** 2).sum()) / (counts.sum() - 1)
+    return mean.to(x.dtype), variance.sqrt().to(x.dtype)
+
+
+def all_ranks_mean(x: torch.Tensor) -> torch.Tensor:
+    """The mean over ranks of a tensor each rank computed on its share (gloo has no AVG)."""
+    x = x.clone()
+    dist.all_reduce(x)
+    return x / dist.get_world_size()
+
+
+def average_gradients(agent: nn.Module, world_size: int):
+    """Replaces every gradient by its mean over the processes.
+
+    One all-reduce of a single flat fp32 buffer, the fewest collective calls: faster than an all-reduce
+    per parameter, as fast as DistributedDataParallel (whose default bucket holds the whole gradient)
+    without its forward() wrapper (docs/ppo_atari_multigpu.md). The gradients are fp32 under bf16
+    autocast too, since the parameters are.
+    """
+    if world_size == 1:
+        return
+    grads = [p.grad for p in agent.parameters()]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view(g.shape))
+        offset += g.numel()
+
+
+def parameter_digest(agent: nn.Module) -> str:
+    """A hash of the weights' bytes: equal digests mean bit-identical weights."""
+    digest = hashlib.sha256()
+    for tensor in agent.state_dict().values():
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------
+# Saving and evaluation
+# ---------------------------------------------------------------------------------------------
+def save_model(path: str, agent: Agent, args: Args):
+    # Written to a temporary file and renamed, so a crash never leaves a truncated checkpoint.
+    payload = {"model": agent.state_dict(), "args": vars(args), "num_actions": agent.actor.out_features}
+    torch.save(payload, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_model(path: str, device) -> tuple[Agent, dict]:
+    if not os.path.isfile(path):
+        fail(f"checkpoint {path!r} does not exist")
+    try:
+        payload = torch.load(path, map_location=device, weights_only=True)
+        agent = Agent(payload["num_actions"]).to(device)
+        agent.load_state_dict(payload["model"])
+    except Exception as e:  # any unreadable or foreign file is the same user error
+        fail(f"checkpoint {path!r} is not a readable {os.path.basename(__file__)} model ({type(e).__name__})")
+    return agent.to(memory_format=torch.channels_last), payload["args"]
+
+
+def rng_state(device) -> dict:
+    """This process's random streams, in types `torch.load(weights_only=True)` reads back."""
+    name, keys, position, has_gauss, cached_gaussian = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": (name, keys.tolist(), int(position), int(has_gauss), float(cached_gaussian)),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+    }
+
+
+def set_rng_state(state: dict, device):
+    random.setstate(state["python"])
+    name, keys, position, has_gauss, cached_gaussian = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), position, has_gauss, cached_gaussian))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def save_checkpoint(
+    folder: str, agent: Agent, optimizer, iteration: int, global_step: int, rng_states: list, args: Args, run_name: str
+) -> str:
+    """Everything a resumed run needs. Written to a temporary file, synced and renamed, so a crash
+    leaves either the previous checkpoint or this one, never a truncated file. The newest two are kept."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"iteration-{iteration:07d}.pt")
+    payload = {
+        "model": agent.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "iteration": iteration,
+        "global_step": global_step,
+        "rng_states": rng_states,  # one per rank
+        "args": vars(args),
+        "run_name": run_name,
+    }
+    with open(path + ".tmp", "wb") as f:
+        torch.save(payload, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+    for older in sorted(glob.glob(os.path.join(folder, "iteration-*.pt")))[:-2]:
+        os.remove(older)
+    return path
+
+
+def read_checkpoint(resume: str, run_prefix: str) -> dict | str | None:
+    """The checkpoint `--resume` names: its contents, None when `auto` finds none, or an error message."""
+    if resume == "auto":
+        found = glob.glob(os.path.join("runs", f"{run_prefix}*", "checkpoints", "iteration-*.pt"))
+        if not found:
+            return None
+        path = max(found, key=os.path.getmtime)
+    else:
+        path = resume
+    if not os.path.isfile(path):
+        return f"--resume {path!r}: no such checkpoint file (pass a runs/*/checkpoints/iteration-*.pt file or auto)"
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+        payload["iteration"], payload["rng_states"], payload["optimizer"], payload["args"]["num_envs"]
+    except Exception as e:  # an unreadable file or a saved model instead of a checkpoint
+        return f"--resume {path!r} is not a readable {os.path.basename(__file__)} checkpoint ({type(e).__name__})"
+    payload["path"] = path
+    return payload
+
+
+def evaluate(
+    agent: Agent,
+    env_id: str,
+    eval_episodes: int,
+    device,
+    seed: int = 0,
+    repeat_action_probability: float = 0.0,
+    video_folder: str | None = None,
+    mixed_precision: str = "none",
+) -> list[float]:
+    """Plays `eval_episodes` full games (all lives, unclipped score) with the sampled policy."""
+    num_envs = min(8, eval_episodes)
+    # Each env plays a fixed quota of games: keeping only the first games to finish would favour
+    # short (bad) games.
+    quota = np.array([eval_episodes // num_envs + (i < eval_episodes % num_envs) for i in range(num_envs)])
+    envs = make_envs(env_id, num_envs, repeat_action_probability)
+    stats = EpisodeStatistics(num_envs)
+    video = VideoRecorder(video_folder) if video_folder else None
+    returns = [[] for _ in range(num_envs)]
+    obs, _ = envs.reset(seed=seed)
+    while any(len(r) < q for r, q in zip(returns, quota)):
+        with torch.inference_mode(), torch.autocast(device.type, torch.bfloat16, enabled=mixed_precision == "bf16"):
+            action, _, _, _ = agent.get_action_and_value(torch.from_numpy(obs).to(device))
+        obs, reward, terminated, truncated, info = envs.step(action.cpu().numpy())
+        game_over = terminated | truncated
+        if video is not None and len(returns[0]) < quota[0]:
+            video.add(obs[0], bool(game_over[0]), info["final_obs"][0] if game_over[0] else None)
+        for i, episodic_return, _ in stats.step(reward, game_over):
+            if len(returns[i]) < quota[i]:
+                returns[i].append(episodic_return)
+    envs.close()
+    return [r for env_returns in returns for r in env_returns]
+
+
+def run_evaluation(args: Args, device, writer: SummaryWriter | None, run_name: str, agent: Agent | None = None):
+    if agent is None:
+        agent, saved_args = load_model(args.eval_checkpoint, device)
+        env_id = saved_args["env_id"]
+    else:
+        env_id = args.env_id
+    video_folder = f"videos/{run_name}-eval" if args.capture_video else None
+    returns = evaluate(
+        agent, env_id, args.eval_episodes, device, args.seed, args.repeat_action_probability, video_folder,
+        args.mixed_precision,
+    )
+    for i, episodic_return in enumerate(returns):
+        print(f"eval_episode={i}, episodic_return={episodic_return}")
+        if writer is not None:
+            writer.add_scalar("eval/episodic_return", episodic_return, i)
+    print(f"eval: mean return {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} games")
+    return returns
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress display
+# ---------------------------------------------------------------------------------------------
+def show_progress(global_step: int, total: int, sps: int, recent_returns: deque):
+    if not sys.stderr.isatty():
+        return
+    recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "-"
+    eta = (total - global_step) / max(sps, 1)
+    print(
+        f"\r{global_step:,}/{total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
+        f" | ETA {int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}   ",
+        end="",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+def derive_sizes(args: Args):
+    """The job's sizes from the per-process ones. Every rank computes the same from the same input,
+    so a bad combination stops all of them before any collective call: no rank is left waiting."""
+    if args.local_num_envs < 1 or args.num_steps < 1 or args.num_minibatches < 1:
+        fail("--local-num-envs, --num-steps and --num-minibatches must be positive")
+    args.num_envs = args.local_num_envs * args.world_size
+    args.batch_size = args.num_envs * args.num_steps
+    args.local_batch_size = args.local_num_envs * args.num_steps
+    # Each process cuts its own rollout into the minibatches: all run the same number, of equal size.
+    if args.local_batch_size % args.num_minibatches != 0:
+        fail(
+            f"local_num_envs * num_steps = {args.local_batch_size} is not divisible by num_minibatches = "
+            f"{args.num_minibatches}"
+        )
+    args.local_minibatch_size = args.local_batch_size // args.num_minibatches
+    args.minibatch_size = args.local_minibatch_size * args.world_size
+    if args.norm_adv and args.minibatch_size < 2:
+        fail(f"minibatches of {args.minibatch_size} sample cannot normalize advantages; use fewer --num-minibatches")
+    args.num_iterations = args.total_timesteps // args.batch_size
+
+
+def resize_for_checkpoint(args: Args, saved: dict):
+    """A resumed run keeps the checkpoint's global batch. A new world size re-splits it: each process
+    then runs saved num_envs / world_size environments, whatever --local-num-envs says."""
+    for field in ("env_id", "num_steps", "num_minibatches", "total_timesteps"):
+        if getattr(args, field) != saved[field]:
+            fail(
+                f"--resume: the checkpoint's run has {field}={saved[field]!r}, this command {getattr(args, field)!r}: "
+                "resume with the run's arguments"
+            )
+    if saved["num_envs"] % args.world_size != 0:
+        fail(
+            f"--resume: the run's {saved['num_envs']} environments cannot be split over {args.world_size} processes: "
+            f"resume with a world size that divides {saved['num_envs']}"
+        )
+    args.local_num_envs = saved["num_envs"] // args.world_size
+    derive_sizes(args)
+
+
+def main(args: Args):
+    # torchrun gives each process its global RANK, its LOCAL_RANK on its node and the WORLD_SIZE;
+    # a plain `python` run is a job of one process.
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    args.world_size = int(os.environ.get("WORLD_SIZE", 1))
+    derive_sizes(args)
+    atari_game(args.env_id)  # an unknown env id fails here, before anything is written
+    if args.eval_checkpoint is None and args.num_iterations < 1:
+        fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch ({args.batch_size} steps)")
+    if args.backend not in ("auto", "nccl", "gloo"):
+        fail(f"unknown backend {args.backend!r}: use auto, nccl or gloo")
+    if args.checkpoint_every < 0:
+        fail("--checkpoint-every must be 0 (never) or positive")
+
+    # Each rank draws its own actions and minibatches; the weights all come from rank 0 (below).
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
+    torch.manual_seed(args.seed + rank)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    if torch.cuda.is_available() and args.cuda:
+        if args.device_ids is not None and len(args.device_ids) <= local_rank:
+            fail(f"--device-ids lists {len(args.device_ids)} GPUs, fewer than this node's processes", all_ranks=True)
+        gpu = args.device_ids[local_rank] if args.device_ids is not None else local_rank
+        if gpu >= torch.cuda.device_count():
+            fail(
+                f"process LOCAL_RANK={local_rank} needs cuda:{gpu} but this node has {torch.cuda.device_count()} "
+                "GPUs: start fewer processes per node or pass --device-ids",
+                all_ranks=True,
+            )
+        device = torch.device("cuda", gpu)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    autocast = lambda: torch.autocast(device.type, torch.bfloat16, enabled=args.mixed_precision == "bf16")
+
+    backend = args.backend if args.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+    if backend == "nccl" and device.type != "cuda":
+        fail("--backend nccl needs a GPU in every process: use --backend gloo (or auto)")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torchrun's agent hosts the store and keeps it when it restarts the workers (--max-restarts);
+        # torch 2.13 then hands the new workers the old workers' keys and gloo dials dead sockets.
+        # Each attempt gets keys of its own.
+        agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+        attempt_store = dist.PrefixStore(f"attempt-{os.environ['TORCHELASTIC_RESTART_COUNT']}", agent_store)
+        dist.init_process_group(backend, store=attempt_store, rank=rank, world_size=args.world_size)
+    elif "WORLD_SIZE" in os.environ:
+        dist.init_process_group(backend)  # MASTER_ADDR and MASTER_PORT: a store of this job's own
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+
+    # Rank 0 names the run and reads the checkpoint, then hands both to every rank: all ranks resume
+    # together, and only rank 0's node needs the files. An error found by rank 0 stops every rank.
+    run_prefix = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__"
+    shared = [f"{run_prefix}{int(time.time())}", None]
+    if rank == 0 and args.resume is not None and args.eval_checkpoint is None:
+        shared[1] = read_checkpoint(args.resume, run_prefix)
+        if shared[1] is None:
+            print(f"--resume auto: no checkpoint of {run_prefix}* in runs/, starting a new run")
+    dist.broadcast_object_list(shared, src=0)
+    run_name, checkpoint = shared
+    if isinstance(checkpoint, str):
+        fail(checkpoint)
+    if checkpoint is not None:
+        run_name = checkpoint["run_name"]
+        saved_world_size, requested_local_num_envs = checkpoint["args"]["world_size"], args.local_num_envs
+        resize_for_checkpoint(args, checkpoint["args"])
+        if rank == 0:
+            print(f"resuming {run_name} from {checkpoint['path']} (iteration {checkpoint['iteration']})")
+            if saved_world_size != args.world_size or args.local_num_envs != requested_local_num_envs:
+                print(
+                    f"the run's {args.num_envs} environments (on {saved_world_size} processes before) are split over "
+                    f"{args.world_size} processes: {args.local_num_envs} per process"
+                )
+
+    writer = None
+    if rank == 0:
+        if args.track:
+            import wandb
+
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                sync_tensorboard=True,
+                config=vars(args),
+                name=run_name,
+                id=run_name,  # a resumed run continues the same wandb run
+                resume="allow",
+                save_code=True,
+            )
+        # A resumed run hides whatever the interrupted one logged after its checkpoint: no step twice.
+        purge_step = checkpoint["global_step"] + 1 if checkpoint is not None else None
+        writer = SummaryWriter(f"runs/{run_name}", purge_step=purge_step)
+        if checkpoint is None:
+            writer.add_text(
+                "hyperparameters",
+                "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+            )
+
+    if args.eval_checkpoint is not None:
+        if rank == 0:
+            run_evaluation(args, device, writer, run_name)
+            writer.close()
+        return
+
+    envs = make_envs(args.env_id, args.local_num_envs, args.repeat_action_probability)
+    num_actions = int(envs.single_action_space.n)
+    agent = Agent(num_actions).to(device).to(memory_format=torch.channels_last)
+    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    start_iteration, global_step = 0, 0
+    if checkpoint is not None:
+        agent.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        start_iteration, global_step = checkpoint["iteration"], checkpoint["global_step"]
+        if saved_world_size == args.world_size:
+            set_rng_state(checkpoint["rng_states"][rank], device)
+        else:  # the old ranks' streams do not map onto the new ones: fresh, distinct streams
+            torch.manual_seed(args.seed + start_iteration * args.world_size + rank)
+        del checkpoint
+    # Every rank starts from rank 0's weights, bit for bit.
+    for tensor in agent.state_dict().values():
+        dist.broadcast(tensor, src=0)
+
+    # Rollout storage. Observations stay uint8: 4x less memory and copying than float.
+    obs = torch.zeros((args.num_steps, args.local_num_envs, 4, 84, 84), dtype=torch.uint8, device=device)
+    actions = torch.zeros((args.num_steps, args.local_num_envs), dtype=torch.long, device=device)
+    logprobs = torch.zeros((args.num_steps, args.local_num_envs), device=device)
+    rewards = torch.zeros((args.num_steps, args.local_num_envs), device=device)
+    dones = torch.zeros((args.num_steps, args.local_num_envs), device=device)
+    values = torch.zeros((args.num_steps, args.local_num_envs), device=device)
+
+    # Every environment of the job gets its own seed: seed + rank * local_num_envs + index. A resumed
+    # run moves past the seeds of the games already started.
+    env_seed = args.seed + rank * args.local_num_envs + start_iteration * args.num_envs
+    if rank == 0:
+        print(
+            f"world size {args.world_size}: {args.num_envs} envs ({args.local_num_envs} per process), "
+            f"batch {args.batch_size} ({args.local_batch_size} per process), minibatch {args.minibatch_size} "
+            f"({args.local_minibatch_size} per process), {args.num_iterations} iterations",
+            flush=True,
+        )
+    print(
+        f"rank {rank}/{args.world_size}: pid {os.getpid()}, {device}, {backend}, {torch.get_num_threads()} threads, "
+        f"env seeds {env_seed}..{env_seed + args.local_num_envs - 1}",
+        flush=True,
+    )
+
+    start_global_step, sps, games_played = global_step, 0, 0
+    start_time = time.time()
+    next_obs_np, info = envs.reset(seed=env_seed)
+    next_obs = torch.from_numpy(next_obs_np).to(device)
+    lives = info["lives"].copy()
+    episode_stats = EpisodeStatistics(args.local_num_envs)
+    recent_returns = deque(maxlen=20)
+    video = VideoRecorder(f"videos/{run_name}") if args.capture_video and rank == 0 else None
+
+    for iteration in range(start_iteration + 1, args.num_iterations + 1):
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / args.num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        finished_games = []  # (global step, return, length) of this rank's games
+        for step in range(args.num_steps):
+            global_step += args.num_envs
+            obs[step] = next_obs
+            with torch.inference_mode(), autocast():
+                action, logprob, _, value = agent.get_action_and_value(next_obs)
+            values[step] = value.flatten()
+            actions[step] = action
+            logprobs[step] = logprob
+
+            next_obs_np, reward, terminated, truncated, info = envs.step(action.cpu().numpy())
+            game_over = terminated | truncated
+            # Episodic life: losing a life ends the learning episode (the game goes on), which
+            # makes the value of losing a life visible to the agent.
+            life_lost = info["lives"] < lives
+            lives = info["lives"].copy()
+            clipped_reward = np.sign(reward).astype(np.float32)
+            if truncated.any():
+                # A time limit is not a death: bootstrap from the value of the real last
+                # observation, which SAME_STEP autoreset keeps in info["final_obs"].
+                with torch.inference_mode(), autocast():
+                    final_values = agent.get_value(torch.from_numpy(info["final_obs"]).to(device)).flatten()
+                bootstrap = args.gamma * final_values.cpu().numpy() * (truncated & ~terminated)
+                clipped_reward = clipped_reward + bootstrap.astype(np.float32)
+            rewards[step] = torch.from_numpy(clipped_reward).to(device)
+            dones[step] = torch.from_numpy(game_over | life_lost).to(device)
+            next_obs = torch.from_numpy(next_obs_np).to(device)
+
+            if video is not None:
+                video.add(next_obs_np[0], bool(game_over[0]), info["final_obs"][0] if game_over[0] else None)
+            # The env steps of one vector step of the job count as consecutive global steps, in the
+            # order of the job's env index (rank * local_num_envs + i), so every game is logged at a
+            # step of its own.
+            for i, episodic_return, episodic_length in episode_stats.step(reward, game_over):
+                game_step = global_step - args.num_envs + rank * args.local_num_envs + i + 1
+                finished_games.append((game_step, episodic_return, episodic_length))
+
+        # Rank 0 logs the games of the whole job: every rank's finished games are gathered to it.
+        games_played += len(finished_games)
+        games_of_all_ranks = [None] * args.world_size if rank == 0 else None
+        dist.gather_object(finished_games, games_of_all_ranks, dst=0)
+        if rank == 0:
+            for game_step, episodic_return, episodic_length in sorted(sum(games_of_all_ranks, [])):
+                recent_returns.append(episodic_return)
+                writer.add_scalar("charts/episodic_return", episodic_return, game_step)
+                writer.add_scalar("charts/episodic_length", episodic_length, game_step)
+
+        with torch.inference_mode(), autocast():
+            next_value = agent.get_value(next_obs).flatten()
+        advantages, returns = compute_gae(rewards, values, dones, next_value, args.gamma, args.gae_lambda)
+
+        b_obs = obs.reshape((-1, 4, 84, 84))
+        b_logprobs = logprobs.reshape(-1)
+        b_actions = actions.reshape(-1)
+        b_advantages = advantages.reshape(-1)
+        b_returns = returns.reshape(-1)
+        b_values = values.reshape(-1)
+
+        clipfracs = []
+        for epoch in range(args.update_epochs):
+            b_inds = torch.randperm(args.local_batch_size, device=device)
+            for start in range(0, args.local_batch_size, args.local_minibatch_size):
+                mb_inds = b_inds[start : start + args.local_minibatch_size]
+                with autocast():
+                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
+                loss, stats = ppo_loss(
+                    newlogprob, entropy, newvalue, b_logprobs[mb_inds], b_advantages[mb_inds],
+                    b_returns[mb_inds], b_values[mb_inds], args,
+                )
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                average_gradients(agent, args.world_size)
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+                clipfracs.append(stats["clipfrac"])
+            # Stopping early changes the control flow: decided on the job's KL, the same on every
+            # rank, so that no rank stops alone (and leaves the others waiting in an all-reduce).
+            if args.target_kl is not None and all_ranks_mean(stats["approx_kl"]) > args.target_kl:
+                break
+
+        # The logged figures are the job's: statistics averaged over ranks, explained variance of all values.
+        job_stats = dict(stats, clipfrac=torch.stack(clipfracs).mean())
+        job_stats = dict(zip(job_stats, all_ranks_mean(torch.stack(list(job_stats.values()))).tolist()))
+        var_y = global_mean_std(b_returns)[1].item() ** 2
+        explained_var = np.nan if var_y == 0 else 1 - global_mean_std(b_returns - b_values)[1].item() ** 2 / var_y
+
+        sps = int((global_step - start_global_step) / (time.time() - start_time))
+        if rank == 0:
+            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            writer.add_scalar("losses/value_loss", job_stats["value_loss"], global_step)
+            writer.add_scalar("losses/policy_loss", job_stats["policy_loss"], global_step)
+            writer.add_scalar("losses/entropy", job_stats["entropy"], global_step)
+            writer.add_scalar("losses/old_approx_kl", job_stats["old_approx_kl"], global_step)
+            writer.add_scalar("losses/approx_kl", job_stats["approx_kl"], global_step)
+            writer.add_scalar("losses/clipfrac", job_stats["clipfrac"], global_step)
+            writer.add_scalar("losses/explained_variance", explained_var, global_step)
+            writer.add_scalar("charts/SPS", sps, global_step)
+            writer.add_scalar("charts/world_size", args.world_size, global_step)
+            show_progress(global_step, args.num_iterations * args.batch_size, sps, recent_returns)
+
+        if args.checkpoint_every and (iteration % args.checkpoint_every == 0 or iteration == args.num_iterations):
+            # The weights and the optimizer are the same on every rank; the random streams are not.
+            rng_states = [None] * args.world_size if rank == 0 else None
+            dist.gather_object(rng_state(device), rng_states, dst=0)
+            if rank == 0:
+                writer.flush()  # everything up to this checkpoint is on disk before it counts
+                path = save_checkpoint(
+                    f"runs/{run_name}/checkpoints", agent, optimizer, iteration, global_step, rng_states, args, run_name
+                )
+                print(f"checkpoint {path}", flush=True)
+
+    if rank == 0:
+        if sys.stderr.isatty():
+            print(file=sys.stderr)
+        recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
+        print(
+            f"finished {args.num_iterations} iterations, {global_step} steps, {sps} SPS, "
+            f"mean return of the last {len(recent_returns)} games {recent}"
+        )
+    envs.close()
+
+    # Every rank must end with the same weights: a difference is a bug in the synchronisation.
+    digests = [None] * args.world_size
+    dist.all_gather_object(digests, parameter_digest(agent))
+    print(f"rank {rank}: played {games_played} games, parameters sha256 {digests[rank]}", flush=True)
+    if len(set(digests)) > 1:
+        raise RuntimeError(f"the ranks ended with different weights: {digests}")
+
+    if args.save_model and rank == 0:
+        model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
+        save_model(model_path, agent, args)
+        print(f"model saved to {model_path}")
+        run_evaluation(args, device, writer, run_name, agent)
+    if rank == 0:
+        writer.close()
+
+
+if __name__ == "__main__":
+    try:
+        main(tyro.cli(Args))
+    finally:  # on success and on error alike
+        if dist.is_initialized():
+            dist.destroy_process_group()
