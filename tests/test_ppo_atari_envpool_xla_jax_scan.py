@@ -1,0 +1,363 @@
+"""Specification of cleanrl/ppo_atari_envpool_xla_jax_scan.py."""
+
+import glob
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from common import PPO_TAGS, REPO_ROOT, assert_user_error, read_scalars, reference_gae, run_dirs, run_script
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+import cleanrl.ppo_atari_envpool_xla_jax_scan as ppo_jax
+
+SCRIPT = "ppo_atari_envpool_xla_jax_scan.py"
+TWO_HOST_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+# The short run, on two host devices with one env each: 2 envs x 64 steps, 4 iterations. Random
+# play finishes a few Breakout games in it.
+SHORT_RUN = ["--local-num-envs", "1", "--num-steps", "64", "--total-timesteps", "512"]
+
+
+def small_args(**overrides) -> ppo_jax.Args:
+    """The Args main would compute for one device and a tiny batch."""
+    args = ppo_jax.Args(**{**dict(local_num_envs=2, num_steps=8, num_minibatches=2, update_epochs=2), **overrides})
+    args.num_devices, args.num_envs = 1, args.local_num_envs
+    args.local_batch_size = args.batch_size = args.local_num_envs * args.num_steps
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    return args
+
+
+def random_batch(rng: np.random.Generator, size: int, played_fraction: float = 0.75) -> ppo_jax.Batch:
+    return ppo_jax.Batch(
+        obs=jnp.asarray(rng.integers(0, 256, (size, 4, 84, 84), dtype=np.uint8)),
+        actions=jnp.asarray(rng.integers(0, 4, size, dtype=np.int32)),
+        logprobs=jnp.asarray(np.log(rng.uniform(0.2, 0.3, size)), dtype=jnp.float32),
+        values=jnp.asarray(rng.normal(size=size), dtype=jnp.float32),
+        advantages=jnp.asarray(rng.normal(size=size), dtype=jnp.float32),
+        returns=jnp.asarray(rng.normal(size=size), dtype=jnp.float32),
+        played=jnp.asarray(rng.random(size) < played_fraction),
+    )
+
+
+def single_device(f, in_specs, out_specs):
+    """f as main runs it, on a mesh of this process's one device."""
+    mesh = Mesh(np.array(jax.devices()[:1]), ("devices",))
+    return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False))
+
+
+# --- The math ---------------------------------------------------------------------------------
+def test_gae_scan_matches_the_textbook_definition():
+    rng = np.random.default_rng(0)
+    rewards, values = rng.normal(size=(2, 16, 3)).astype(np.float32)
+    dones = (rng.random((16, 3)) < 0.2).astype(np.float32)
+    next_value = rng.normal(size=3).astype(np.float32)
+    advantages, returns = jax.jit(ppo_jax.compute_gae, static_argnums=(4, 5))(rewards, values, dones, next_value, 0.99, 0.95)
+    expected = reference_gae(rewards.tolist(), values.tolist(), dones.tolist(), next_value.tolist(), 0.99, 0.95)
+    np.testing.assert_allclose(advantages, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(returns, np.array(expected) + values, rtol=1e-5, atol=1e-5)
+
+
+def test_a_truncated_step_bootstraps_from_the_value_of_the_observation_stored_after_it():
+    rewards = jnp.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    values = jnp.array([[0.5, 0.1], [0.2, 0.3], [0.4, 0.6]])
+    truncations = jnp.array([[1.0, 0.0], [0.0, 0.0], [0.0, 1.0]])
+    next_value = jnp.array([0.7, 0.9])
+    bootstrapped = ppo_jax.bootstrap_truncations(rewards, values, truncations, next_value, 0.5)
+    np.testing.assert_allclose(bootstrapped, [[1.0 + 0.5 * 0.2, 0.0], [0.0, 1.0], [1.0, 1.0 + 0.5 * 0.9]], atol=1e-7)
+    # With done = 1 at the truncated step, its advantage is r + gamma * V(last observation) - V(s).
+    advantages, _ = ppo_jax.compute_gae(bootstrapped, values, truncations, next_value, 0.5, 0.95)
+    np.testing.assert_allclose(advantages[0, 0], 1.0 + 0.5 * 0.2 - 0.5, atol=1e-6)
+
+
+def test_episode_statistics_count_played_steps_and_reset_at_game_over_or_time_limit():
+    stats = ppo_jax.EpisodeStatistics(jnp.zeros(2), jnp.zeros(2, jnp.int32))
+    step = lambda stats, reward, game_over, played: ppo_jax.update_episode_statistics(
+        stats, jnp.array(reward), jnp.array(game_over), jnp.array(played)
+    )
+    stats, _ = step(stats, [1.0, 4.0], [False, False], [True, True])
+    stats, (over, returns, lengths) = step(stats, [2.0, 0.0], [True, False], [True, True])  # env 0 truncated
+    assert over.tolist() == [True, False] and returns[0] == 3.0 and lengths[0] == 2
+    stats, _ = step(stats, [0.0, 0.0], [False, False], [False, True])  # env 0's reset step is not played
+    stats, (over, returns, lengths) = step(stats, [5.0, 1.0], [True, True], [True, True])
+    assert returns.tolist() == [5.0, 5.0] and lengths.tolist() == [1, 4]
+    assert stats.returns.tolist() == [0.0, 0.0] and stats.lengths.tolist() == [0, 0]
+
+
+def test_the_loss_ignores_reset_steps():
+    # A minibatch with reset steps gives the loss, gradient and statistics of its played steps alone.
+    args = small_args()
+    agent = ppo_jax.Agent(4)
+    params = ppo_jax.init_params(agent, jax.random.key(0))
+    mb = random_batch(np.random.default_rng(0), 8)
+    ppo_loss = lambda params, mb: ppo_jax.ppo_loss(params, agent, mb, mb.advantages, mb.played.sum(), args)
+    evaluate = jax.jit(lambda mb: jax.value_and_grad(ppo_loss, has_aux=True)(params, mb))
+
+    (loss, stats), grads = evaluate(mb)
+    scrambled = random_batch(np.random.default_rng(1), 8)
+    keep = lambda mine, other: jnp.where(mb.played.reshape((-1,) + (1,) * (mine.ndim - 1)), mine, other)
+    (loss2, stats2), grads2 = evaluate(jax.tree.map(keep, mb, scrambled)._replace(played=mb.played))
+    played_only = jax.tree.map(lambda x: x[np.asarray(mb.played)], mb)
+    (loss3, stats3), grads3 = evaluate(played_only)
+    for other_loss, other_stats, other_grads in [(loss2, stats2, grads2), (loss3, stats3, grads3)]:
+        np.testing.assert_allclose(other_loss, loss, rtol=1e-5, atol=1e-7)
+        jax.tree.map(partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-7), other_stats, stats)
+        jax.tree.map(partial(np.testing.assert_allclose, rtol=1e-4, atol=1e-7), other_grads, grads)
+
+
+def test_normalized_advantages_have_mean_0_and_std_1_over_played_steps():
+    rng = np.random.default_rng(0)
+    advantages, played = jnp.asarray(rng.normal(3.0, 2.0, 64), jnp.float32), jnp.asarray(rng.random(64) < 0.7)
+    normalized = single_device(partial(ppo_jax.normalize_advantages, axis_name="devices"), (P(), P()), P())(
+        advantages, played
+    )
+    kept = np.asarray(normalized)[np.asarray(played)]
+    np.testing.assert_allclose([kept.mean(), kept.std(ddof=1)], [0.0, 1.0], atol=1e-5)
+
+
+def test_scan_and_python_update_loops_take_the_same_steps():
+    # --update-loop scan (the GPU path) compiles what the Python loop of main does step by step.
+    args = small_args()
+    agent = ppo_jax.Agent(4)
+    tx = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optax.scale_by_adam(eps=1e-5))
+    params = ppo_jax.init_params(agent, jax.random.key(0))
+    state = ppo_jax.TrainState(params, tx.init(params))
+    batch = random_batch(np.random.default_rng(0), args.local_batch_size)
+    perms = jnp.stack([jax.random.permutation(k, args.local_batch_size) for k in jax.random.split(jax.random.key(1), 2)])
+    kwargs = dict(agent=agent, tx=tx, args=args, axis_name="devices")
+    step = single_device(partial(ppo_jax.update_minibatch, **kwargs), (P(),) * 6, P())
+    compiled = single_device(partial(ppo_jax.update_epochs, **kwargs), (P(),) * 4, P())
+
+    looped, clipfracs = state, []
+    for epoch in range(args.update_epochs):
+        for minibatch in range(args.num_minibatches):
+            looped, stats = step(looped, epoch, minibatch, batch, perms, 2.5e-4)
+            clipfracs.append(stats["clipfrac"])
+    scanned, scanned_stats, scanned_clipfrac = compiled(state, batch, perms, 2.5e-4)
+    jax.tree.map(partial(np.testing.assert_allclose, rtol=1e-4, atol=1e-6), scanned.params, looped.params)
+    jax.tree.map(partial(np.testing.assert_allclose, rtol=1e-4, atol=1e-6), scanned_stats, stats)
+    np.testing.assert_allclose(scanned_clipfrac, np.mean(clipfracs), atol=1e-6)
+    assert not np.allclose(looped.params["params"]["actor"]["kernel"], params["params"]["actor"]["kernel"])
+
+
+def test_target_kl_stops_the_compiled_epochs_after_the_first():
+    # A target KL of 0 is exceeded by the first epoch: the compiled loop must then leave the
+    # parameters as one epoch left them.
+    agent = ppo_jax.Agent(4)
+    params = ppo_jax.init_params(agent, jax.random.key(0))
+    batch = random_batch(np.random.default_rng(0), 16)
+    results = []
+    for args in (small_args(target_kl=0.0, update_epochs=3), small_args(update_epochs=1)):
+        tx = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optax.scale_by_adam(eps=1e-5))
+        perms = jnp.stack([jnp.arange(16)] * args.update_epochs)
+        update = partial(ppo_jax.update_epochs, agent=agent, tx=tx, args=args, axis_name="devices")
+        state, _, _ = single_device(update, (P(),) * 4, P())(ppo_jax.TrainState(params, tx.init(params)), batch, perms, 2.5e-4)
+        results.append(state.params)
+    jax.tree.map(partial(np.testing.assert_allclose, rtol=1e-6, atol=1e-8), *results)
+
+
+def test_data_parallel_gradient_equals_the_single_device_gradient():
+    # Two host devices, each with half of a minibatch, take the same step as one device with all of
+    # it: advantages are normalized over the whole minibatch and the devices' gradients summed.
+    code = textwrap.dedent(
+        """
+        import sys; sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/tests")
+        from functools import partial
+        import jax, numpy as np, optax
+        from jax.sharding import Mesh, PartitionSpec as P
+        import cleanrl.ppo_atari_envpool_xla_jax_scan as ppo_jax
+        from test_ppo_atari_envpool_xla_jax_scan import random_batch, small_args
+        assert jax.device_count() == 2
+        agent = ppo_jax.Agent(4)
+        tx = optax.chain(optax.clip_by_global_norm(0.5), optax.scale_by_adam(eps=1e-5))
+        params = ppo_jax.init_params(agent, jax.random.key(0))
+        state = ppo_jax.TrainState(params, tx.init(params))
+        batch = random_batch(np.random.default_rng(0), 16)
+        new_params = []
+        for devices in (1, 2):
+            args = small_args(num_minibatches=1)
+            args.local_batch_size = 16 // devices
+            mesh = Mesh(np.array(jax.devices()[:devices]), ("devices",))
+            step = partial(ppo_jax.update_minibatch, agent=agent, tx=tx, args=args, axis_name="devices")
+            sharded = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), P(), P(), P("devices"), P(None, "devices"), P()),
+                                            out_specs=P(), check_vma=False))
+            perms = np.tile(np.arange(16 // devices), (1, devices))  # each device its own share, in order
+            new_state, stats = sharded(state, 0, 0, batch, perms, 1e-3)
+            new_params.append(jax.device_get(new_state.params))
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6), *new_params)
+        print("same step")
+        """
+    )
+    env = {**os.environ, **TWO_HOST_DEVICES}
+    result = subprocess.run([sys.executable, "-c", code, REPO_ROOT], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "same step" in result.stdout, result.stderr[-3000:]
+
+
+# --- Environment ids --------------------------------------------------------------------------
+@pytest.mark.parametrize("env_id", ["Breakout-v5", "ALE/Breakout-v5", "BreakoutNoFrameskip-v4"])
+def test_env_id_styles_name_the_same_envpool_task(env_id):
+    assert ppo_jax.envpool_task(env_id) == "Breakout-v5"
+
+
+@pytest.mark.parametrize("env_id", ["NoSuchGame-v5", "Ant-v5", "CartPole-v1"])
+def test_non_atari_or_unknown_ids_are_rejected(env_id):
+    with pytest.raises(SystemExit, match="unknown Atari env id"):
+        ppo_jax.envpool_task(env_id)
+
+
+# --- The compiled rollout ---------------------------------------------------------------------
+def test_compiled_rollout_equals_a_python_replay_of_its_actions_including_truncated_games():
+    # The rollout, with envpool's steps inside one lax.scan, against the same seeds and actions
+    # replayed through envpool's Python API: observations, reset steps, and every finished game's
+    # score and length, with a time limit that cuts some games.
+    num_envs, time_limit, seed = 3, 150, 5
+    agent = ppo_jax.Agent(4)
+    params = ppo_jax.init_params(agent, jax.random.key(0))
+    envs = ppo_jax.make_envs("Breakout-v5", num_envs, 0.0, seed, max_episode_steps=time_limit)
+    handle, _, _, env_step = envs.xla()
+    obs, _ = envs.reset()
+    state = ppo_jax.EnvState(
+        handle, obs, np.zeros(num_envs, bool),
+        ppo_jax.EpisodeStatistics(np.zeros(num_envs, np.float32), np.zeros(num_envs, np.int32)),
+    )
+    play = jax.jit(partial(ppo_jax.rollout, agent, env_step, num_steps=100))
+    chunks = []
+    for i in range(6):
+        state, transitions, _ = play(params, state, jax.random.key(i))
+        chunks.append(jax.device_get(transitions))
+    envs.close()
+    t = jax.tree.map(lambda *xs: np.concatenate(xs), *chunks)
+    compiled_games = [(s, i, float(t.episodic_returns[s, i]), int(t.episodic_lengths[s, i])) for s, i in zip(*np.nonzero(t.game_over))]
+
+    replay = ppo_jax.make_envs("Breakout-v5", num_envs, 0.0, seed, max_episode_steps=time_limit)
+    obs, _ = replay.reset()
+    returns, lengths = np.zeros(num_envs), np.zeros(num_envs, int)
+    reset_step = np.zeros(num_envs, bool)
+    replayed_games, truncated_games, game_overs = [], 0, 0
+    for s in range(len(t.actions)):
+        np.testing.assert_array_equal(t.obs[s], obs)
+        np.testing.assert_array_equal(t.played[s], ~reset_step)
+        obs, reward, terminated, truncated, info = replay.step(t.actions[s])
+        np.testing.assert_array_equal(t.rewards[s], reward)
+        returns += info["reward"]
+        lengths += ~reset_step
+        for i in np.flatnonzero(info["terminated"].astype(bool) | truncated):
+            assert lengths[i] == info["elapsed_step"][i]
+            replayed_games.append((s, i, float(returns[i]), int(lengths[i])))
+            truncated_games += bool(truncated[i])
+            game_overs += bool(info["terminated"][i])
+            returns[i], lengths[i] = 0, 0
+        reset_step = terminated | truncated
+    replay.close()
+    assert compiled_games == replayed_games
+    assert truncated_games >= 1 and game_overs >= 1, (truncated_games, game_overs)
+
+
+def test_loaded_model_equals_saved_model(tmp_path):
+    agent = ppo_jax.Agent(4)
+    params = ppo_jax.init_params(agent, jax.random.key(3))
+    args = ppo_jax.Args()
+    path = str(tmp_path / "agent.cleanrl_model")
+    ppo_jax.save_model(path, params, args, 4)
+    num_actions, loaded, saved_args = ppo_jax.load_model(path)
+    assert num_actions == 4 and saved_args["env_id"] == args.env_id
+    obs = jnp.asarray(np.random.default_rng(0).integers(0, 256, (5, 4, 84, 84), dtype=np.uint8))
+    value = jax.jit(lambda p: agent.apply(p, obs, method=ppo_jax.Agent.get_value))
+    np.testing.assert_array_equal(value(loaded), value(params))
+
+
+def test_patch_convolution_equals_xla_convolution():
+    # On CPU the network computes its convolutions as matrix products of image patches.
+    x = jax.random.normal(jax.random.key(0), (3, 20, 20, 8))
+    for kernel_size, stride in [(8, 4), (4, 2), (3, 1)]:
+        layer = partial(ppo_jax.Conv, 16, kernel_size, stride)
+        params = jax.jit(layer().init)(jax.random.key(1), x)
+        apply = lambda im2col: jax.jit(layer(im2col=im2col).apply)(params, x)
+        np.testing.assert_allclose(apply(True), apply(False), rtol=1e-5, atol=1e-5)
+
+
+# --- Whole runs -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("short_run")
+    result = run_script(SCRIPT, *SHORT_RUN, "--save-model", "--eval-episodes", "2", cwd=cwd, env=TWO_HOST_DEVICES)
+    return cwd, result
+
+
+def test_short_training_run_logs_every_tag_for_every_iteration(short_run):
+    cwd, result = short_run
+    assert result.returncode == 0, result.stderr
+    assert "2 cpu device(s) on 1 process(es): 2 envs (1 per device), batch 128" in result.stdout
+    assert "finished 4 iterations, 512 steps" in result.stdout
+    (run_dir,) = run_dirs(cwd)
+    scalars = read_scalars(run_dir)
+    for tag in PPO_TAGS:
+        assert tag in scalars, tag
+    assert [step for step, _ in scalars["charts/SPS"]] == [128, 256, 384, 512]
+    assert all(np.isfinite(value) for _, value in scalars["losses/value_loss"])
+    np.testing.assert_allclose([v for _, v in scalars["charts/learning_rate"]], [2.5e-4, 1.875e-4, 1.25e-4, 6.25e-5])
+    # Whole games of Breakout under random play: a few points, never negative or fractional.
+    returns = [value for _, value in scalars["charts/episodic_return"]]
+    lengths = [value for _, value in scalars["charts/episodic_length"]]
+    assert returns and all(r >= 0 and r == int(r) for r in returns)
+    assert all(length > 50 for length in lengths), "a game spans all five lives"
+    steps = [step for step, _ in scalars["charts/episodic_return"]]
+    assert len(set(steps)) == len(steps), "every game at a step of its own"
+
+
+def test_two_devices_hold_identical_parameters(short_run):
+    cwd, result = short_run
+    assert result.returncode == 0, result.stderr
+    digests = re.search(r"parameters sha256 per device (\w+) (\w+)\n", result.stdout).groups()
+    assert digests[0] == digests[1]
+
+
+def test_save_then_evaluate_round_trip(short_run):
+    cwd, result = short_run
+    assert result.returncode == 0, result.stderr
+    (model_path,) = glob.glob(str(cwd / "runs" / "*" / f"{SCRIPT[:-3]}.cleanrl_model"))
+    assert result.stdout.count("eval_episode=") == 2
+
+    evaluation = run_script(SCRIPT, "--eval-checkpoint", model_path, "--eval-episodes", "3", cwd=cwd)
+    assert evaluation.returncode == 0, evaluation.stderr
+    assert evaluation.stdout.count("eval_episode=") == 3
+    assert "eval: mean return" in evaluation.stdout
+
+
+def test_bf16_training_run_gives_finite_losses(tmp_path):
+    result = run_script(
+        SCRIPT, "--local-num-envs", "2", "--num-steps", "32", "--total-timesteps", "128",
+        "--mixed-precision", "bf16", cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "finished 2 iterations" in result.stdout
+    scalars = read_scalars(run_dirs(tmp_path)[0])
+    for tag in ["losses/value_loss", "losses/policy_loss", "losses/approx_kl"]:
+        assert all(np.isfinite(value) for _, value in scalars[tag]), tag
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--env-id", "NoSuchGame-v5"], "unknown Atari env id"),
+        (["--local-num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], "not divisible"),
+        (["--total-timesteps", "100"], "smaller than one batch"),
+        (["--num-steps", "0"], "must be positive"),
+        (["--eval-checkpoint", "missing.cleanrl_model"], "does not exist"),
+    ],
+)
+def test_bad_input_is_a_one_line_error(tmp_path, args, message):
+    assert_user_error(run_script(SCRIPT, *args, cwd=tmp_path), message)
+
+
+def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):
+    (tmp_path / "corrupt.cleanrl_model").write_bytes(b"not a checkpoint")
+    result = run_script(SCRIPT, "--eval-checkpoint", "corrupt.cleanrl_model", cwd=tmp_path)
+    assert_user_error(result, "not a readable")
