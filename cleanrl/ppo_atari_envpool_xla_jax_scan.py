@@ -4,9 +4,9 @@ The PPO of `ppo_atari_envpool.py` (Nature CNN, envpool's Atari preprocessing wit
 reward clipping, reset steps kept out of the update, truncations bootstrapped), written in JAX.
 envpool's XLA interface puts the environment steps inside the compiled rollout: one `jax.lax.scan`
 plays all the steps of an iteration; GAE is a reverse scan. The minibatch updates run as one
-compiled `lax.scan` on GPU and as a Python loop of compiled steps on CPU, where XLA runs a rolled
-loop of convolutions about 9x slower. Data parallel over all local devices, each with its own
-envpool, and over several hosts with `jax.distributed`.
+compiled `lax.scan` on GPU and as a Python loop of compiled steps on CPU, where XLA runs
+convolutions in a rolled loop many times slower. Data parallel over all local devices (shard_map),
+each with its own envpool, and over several hosts with `jax.distributed`.
 Docs: docs/ppo_atari_envpool_xla_jax_scan.md
 """
 
@@ -229,11 +229,10 @@ class Conv(nn.Module):
             y = jax.lax.conv_general_dilated(x, kernel, (s, s), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
             return y + bias
         height, width = (x.shape[1] - k) // s + 1, (x.shape[2] - k) // s + 1
-        # patches[..., (i * k + j) * channels + c] = x[:, s * row + i, s * col + j, c], kernel's order
-        patches = jnp.concatenate(
-            [x[:, i : i + s * (height - 1) + 1 : s, j : j + s * (width - 1) + 1 : s] for i in range(k) for j in range(k)],
-            axis=-1,
-        )
+        # patches[..., (i * k + j) * channels + c] = x[:, s * row + i, s * col + j, c]: the kernel's order
+        rows, cols = s * (height - 1) + 1, s * (width - 1) + 1
+        windows = [x[:, i : i + rows : s, j : j + cols : s] for i in range(k) for j in range(k)]
+        patches = jnp.concatenate(windows, axis=-1)
         return patches @ kernel.reshape(k * k * channels, self.features) + bias
 
 
@@ -558,9 +557,8 @@ def evaluate(
     envs = make_envs(env_id, num_envs, repeat_action_probability, seed, max_episode_steps)
     handle, _, _, env_step = envs.xla()
     obs, _ = envs.reset()
-    env_state = EnvState(
-        handle, obs, np.zeros(num_envs, bool), EpisodeStatistics(np.zeros(num_envs, np.float32), np.zeros(num_envs, np.int32))
-    )
+    episode = EpisodeStatistics(np.zeros(num_envs, np.float32), np.zeros(num_envs, np.int32))
+    env_state = EnvState(handle, obs, np.zeros(num_envs, bool), episode)
     play = jax.jit(partial(rollout, agent, env_step, num_steps=num_steps))
     returns = [[] for _ in range(num_envs)]
     key = jax.random.key(seed)
@@ -633,7 +631,6 @@ def main(args: Args):
     if coordinator_address:
         # Several hosts: every process runs this script; jax.distributed joins their devices into one job.
         env_int = lambda name: int(os.environ[name]) if name in os.environ else None
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU-only jobs need it across processes
         jax.distributed.initialize(
             coordinator_address,
             args.num_processes if args.num_processes is not None else env_int("JAX_NUM_PROCESSES"),
@@ -641,7 +638,9 @@ def main(args: Args):
         )
 
     if min(args.local_num_envs, args.num_steps, args.num_minibatches, args.update_epochs, args.max_episode_steps) < 1:
-        fail("--local-num-envs, --num-steps, --num-minibatches, --update-epochs and --max-episode-steps must be positive")
+        fail(
+            "--local-num-envs, --num-steps, --num-minibatches, --update-epochs and --max-episode-steps must be positive"
+        )
     args.num_devices = jax.device_count()
     args.num_envs = args.local_num_envs * args.num_devices
     args.local_batch_size = args.local_num_envs * args.num_steps
@@ -732,7 +731,9 @@ def main(args: Args):
 
     # The update, as programs over all devices (shard_map: each device sees its own share).
     def sharded(f, in_specs, out_specs, **jit_kwargs):
-        return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False), **jit_kwargs)
+        # check_vma=False: the functions sum over devices themselves (psum), as the torch scripts all-reduce.
+        per_device = jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+        return jax.jit(per_device, **jit_kwargs)
 
     by_env, by_sample = P(None, "devices"), P("devices")
     prepare = sharded(
@@ -748,7 +749,8 @@ def main(args: Args):
 
     def on_device(tree, device):
         """The copy of a replicated array tree that `device` holds, as a plain array of that device (no copy)."""
-        return jax.tree.map(lambda x: jax.device_put(x.addressable_shards[local_devices.index(device)].data, device), tree)
+        shard = lambda x: next(s.data for s in x.addressable_shards if s.device == device)
+        return jax.tree.map(lambda x: jax.device_put(shard(x), device), tree)
 
     def global_array(arrays, axis: int, spec):
         """Joins this process's per-device arrays along `axis` into one array over the job's devices."""
@@ -820,11 +822,8 @@ def main(args: Args):
     if is_main and sys.stderr.isatty():
         print(file=sys.stderr)
     # Every device must hold the same parameters: the same gradient is applied everywhere.
-    digests = [
-        hashlib.sha256(b"".join(np.asarray(leaf).tobytes() for leaf in jax.tree.leaves(on_device(train_state.params, d))))
-        .hexdigest()[:16]
-        for d in local_devices
-    ]
+    as_bytes = lambda params: b"".join(np.asarray(leaf).tobytes() for leaf in jax.tree.leaves(params))
+    digests = [hashlib.sha256(as_bytes(on_device(train_state.params, d))).hexdigest()[:16] for d in local_devices]
     print(f"process {jax.process_index()}: parameters sha256 per device {' '.join(digests)}")
     if is_main:
         recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
