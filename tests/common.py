@@ -71,3 +71,23 @@ def assert_user_error(result, *fragments: str):
     assert last_line.startswith("error:"), result.stderr
     for fragment in fragments:
         assert fragment in last_line, last_line
+
+
+def assert_saved_model_loads_identically(module, tmp_path):
+    """A torch script's save_model -> load_model keeps the weights bit for bit and the args."""
+    import torch
+
+    agent, args = module.Agent(4), module.Args()
+    path = str(tmp_path / "agent.cleanrl_model")
+    module.save_model(path, agent, args)
+    loaded, saved_args = module.load_model(path, torch.device("cpu"))
+    assert saved_args["env_id"] == args.env_id
+    obs = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
+    torch.testing.assert_close(loaded.get_value(obs), agent.get_value(obs), rtol=0, atol=0)
+
+
+def assert_evaluation_printed(result, num_games: int):
+    """An evaluation run exited 0 and printed each game's return and the mean."""
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("eval_episode=") == num_games
+    assert "eval: mean return" in result.stdout

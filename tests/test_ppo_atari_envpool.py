@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from common import PPO_TAGS, assert_user_error, read_scalars, reference_gae, run_dirs, run_script
+from common import assert_evaluation_printed, assert_saved_model_loads_identically, PPO_TAGS, assert_user_error, read_scalars, reference_gae, run_dirs, run_script
 
 import cleanrl.ppo_atari_envpool as ppo_envpool
 
@@ -218,20 +218,11 @@ def test_save_then_evaluate_round_trip(tmp_path):
     assert result.stdout.count("eval_episode=") == 2
 
     evaluation = run_script(SCRIPT, "--eval-checkpoint", model_path, "--eval-episodes", "3", cwd=tmp_path)
-    assert evaluation.returncode == 0, evaluation.stderr
-    assert evaluation.stdout.count("eval_episode=") == 3
-    assert "eval: mean return" in evaluation.stdout
+    assert_evaluation_printed(evaluation, 3)
 
 
 def test_loaded_model_equals_saved_model(tmp_path):
-    agent = ppo_envpool.Agent(4)
-    args = ppo_envpool.Args()
-    path = str(tmp_path / "agent.cleanrl_model")
-    ppo_envpool.save_model(path, agent, args)
-    loaded, saved_args = ppo_envpool.load_model(path, torch.device("cpu"))
-    assert saved_args["env_id"] == args.env_id
-    obs = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
-    torch.testing.assert_close(loaded.get_value(obs), agent.get_value(obs), rtol=0, atol=0)
+    assert_saved_model_loads_identically(ppo_envpool, tmp_path)
 
 
 def test_evaluation_plays_the_requested_number_of_whole_games():
