@@ -1,50 +1,98 @@
-"""Throughput of a PPO Atari script against its serial bound, measured in one run.
+"""Throughput of the PPO Atari scripts against their serial bounds, measured in one run.
 
 For each script and precision it measures, on the same machine and one after the other:
-  env   - seconds per vector step of the script's own vector env under random actions;
+  env   - seconds per vector step of the script's own vector env under random actions (for the
+          JAX script: envpool's XLA step inside a compiled scan, as its rollout runs it);
   nn    - seconds of one iteration's network work on random data of the real shapes
           (num_steps rollout forwards of num_envs observations, then the whole update);
-  real  - the SPS the script itself reports for a short training run.
+  real  - the script's own training run: the SPS it reports (startup and compilation included)
+          and its steady SPS (from the wall times of its charts/SPS events, first iteration left out).
 The serial bound is batch_size / (num_steps * env + nn): what a loop that does nothing but step
-the envs and run the network could reach. The script's fraction of the bound is its overhead.
+the envs and run the network could reach. The steady SPS over the bound is the script's overhead.
+This machine's speed drifts by tens of percent within minutes, so every measurement is repeated
+in `--rounds` rounds, interleaved, and the table shows medians.
 
-    python benchmark/throughput.py                              # ppo_atari.py, fp32 and bf16
-    python benchmark/throughput.py --scripts ppo_atari --precisions none --iterations 5
+    python benchmark/throughput.py                       # all three scripts, fp32 and bf16
+    python benchmark/throughput.py --scripts ppo_atari --precisions none --rounds 1
 """
 
 import argparse
 import importlib
+import multiprocessing
 import os
 import re
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from functools import partial
 
 import numpy as np
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
+SCRIPTS = ["ppo_atari", "ppo_atari_envpool", "ppo_atari_envpool_xla_jax_scan"]
+JAX_SCRIPT = "ppo_atari_envpool_xla_jax_scan"
 
 
-def measure_env(module, env_id: str, num_envs: int, num_steps: int) -> float:
-    """Seconds per vector step with random actions."""
-    envs = module.make_envs(env_id, num_envs, 0.0)
-    envs.reset(seed=0)
+def in_fresh_process(function, *args):
+    """Runs function(*args) in a new Python process, as each script runs in its own: no thread
+    pool, allocator setting or compilation cache is shared between measurements."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(function, args)
+
+
+def load_script(script: str):
+    module = importlib.import_module(f"cleanrl.{script}")
+    if script == JAX_SCRIPT:
+        module.keep_freed_memory()  # the allocator setting the script makes first thing
+    return module
+
+
+def measure_env(script: str, env_id: str, num_envs: int, num_steps: int) -> float:
+    """Seconds per vector step with random actions, through the same interface as the script."""
+    module = load_script(script)
+    if script == "ppo_atari":
+        envs = module.make_envs(env_id, num_envs, 0.0)
+    else:
+        envs = module.make_envs(env_id, num_envs, 0.0, seed=0)
+    envs.reset()
     num_actions = int(envs.single_action_space.n)
-    rng = np.random.default_rng(0)
-    for _ in range(20):  # warm up the threads
-        envs.step(rng.integers(0, num_actions, num_envs))
-    start = time.perf_counter()
-    for _ in range(num_steps):
-        envs.step(rng.integers(0, num_actions, num_envs))
+    if script == JAX_SCRIPT:
+        import jax
+
+        handle, _, _, step_env = envs.xla()
+
+        def step(handle, key):
+            handle, _ = step_env(handle, jax.random.randint(key, (num_envs,), 0, num_actions))
+            return handle, None
+
+        play = jax.jit(lambda handle, key: jax.lax.scan(step, handle, jax.random.split(key, num_steps))[0])
+        handle = jax.block_until_ready(play(handle, jax.random.key(0)))  # compile and warm up
+        start = time.perf_counter()
+        jax.block_until_ready(play(handle, jax.random.key(1)))
+    else:
+        rng = np.random.default_rng(0)
+        for _ in range(20):  # warm up the threads
+            envs.step(rng.integers(0, num_actions, num_envs))
+        start = time.perf_counter()
+        for _ in range(num_steps):
+            envs.step(rng.integers(0, num_actions, num_envs))
     seconds = (time.perf_counter() - start) / num_steps
     envs.close()
     return seconds
 
 
-def measure_nn_torch(module, num_envs: int, num_steps: int, precision: str, repeats: int = 2) -> float:
+def measure_nn(script: str, num_envs: int, num_steps: int, precision: str) -> float:
     """Seconds of one iteration's network work: the rollout forwards and the update."""
+    measure = measure_nn_jax if script == JAX_SCRIPT else measure_nn_torch
+    return measure(load_script(script), num_envs, num_steps, precision)
+
+
+def measure_nn_torch(module, num_envs: int, num_steps: int, precision: str, repeats: int = 2) -> float:
     args = module.Args(num_envs=num_envs, num_steps=num_steps)
     batch_size = num_envs * num_steps
     minibatch_size = batch_size // args.num_minibatches
@@ -80,45 +128,151 @@ def measure_nn_torch(module, num_envs: int, num_steps: int, precision: str, repe
     return (time.perf_counter() - start) / repeats
 
 
-def measure_real(script: str, env_id: str, num_envs: int, num_steps: int, iterations: int, precision: str) -> int:
-    """The SPS that the script reports at the end of a short training run."""
+def measure_nn_jax(module, num_envs: int, num_steps: int, precision: str, repeats: int = 2) -> float:
+    """The same for the JAX script, with its own functions: the forwards as one compiled scan, the
+    update as the script runs it on this backend (minibatch steps from Python on CPU, one compiled
+    program elsewhere), on one device."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    args = module.Args(local_num_envs=num_envs, num_steps=num_steps, mixed_precision=precision)
+    args.num_devices, args.num_envs = 1, num_envs
+    args.local_batch_size = args.batch_size = num_envs * num_steps
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    agent = module.Agent(4, jnp.bfloat16 if precision == "bf16" else jnp.float32)
+    tx = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optax.scale_by_adam(eps=1e-5))
+    params = module.init_params(agent, jax.random.key(0))
+    train_state = module.TrainState(params, tx.init(params))
+
+    keys = jax.random.split(jax.random.key(1), 4)
+    obs = jax.random.randint(keys[0], (num_steps, num_envs, 4, 84, 84), 0, 256).astype(jnp.uint8)
+    forward = lambda params, obs, key: agent.apply(params, obs, key, method=module.Agent.get_action_and_value)
+    forwards = jax.jit(
+        lambda params, obs, key: jax.lax.scan(
+            lambda _, x: (None, forward(params, *x)), None, (obs, jax.random.split(key, num_steps))
+        )[1]
+    )
+    batch_size = args.batch_size
+    uniform = jax.random.uniform(keys[1], (3, batch_size))
+    batch = module.Batch(
+        obs.reshape((batch_size, 4, 84, 84)), jax.random.randint(keys[2], (batch_size,), 0, 4),
+        jnp.log(uniform[0] * 0.9 + 0.05), uniform[1], uniform[2] - 0.5, uniform[1] + uniform[2] - 0.5,
+        jnp.ones(batch_size, bool),
+    )
+    perms = jax.vmap(lambda k: jax.random.permutation(k, batch_size))(jax.random.split(keys[3], args.update_epochs))
+
+    # Everything lives on a one-device mesh from the start, as in the script: an input that changes
+    # placement between calls would be compiled for again inside the timed iterations.
+    mesh = Mesh(np.array(jax.devices()[:1]), ("devices",))
+    train_state, obs, batch, perms = jax.device_put((train_state, obs, batch, perms), NamedSharding(mesh, PartitionSpec()))
+    sharded = lambda f, num_inputs: jax.jit(
+        jax.shard_map(f, mesh=mesh, in_specs=(PartitionSpec(),) * num_inputs, out_specs=PartitionSpec(),
+                      check_vma=False)
+    )
+    update_args = dict(agent=agent, tx=tx, args=args, axis_name="devices")
+    if jax.default_backend() == "cpu":
+        update_step = sharded(partial(module.update_minibatch, **update_args), 6)
+
+        def update(train_state):
+            for epoch in range(args.update_epochs):
+                for minibatch in range(args.num_minibatches):
+                    train_state, _ = update_step(train_state, epoch, minibatch, batch, perms, args.learning_rate)
+            return train_state
+    else:
+        update_all = sharded(partial(module.update_epochs, **update_args), 4)
+        update = lambda train_state: update_all(train_state, batch, perms, args.learning_rate)[0]
+
+    def one_iteration(train_state):
+        jax.block_until_ready(forwards(train_state.params, obs, keys[0]))
+        return jax.block_until_ready(update(train_state))
+
+    train_state = one_iteration(train_state)  # compile and warm up
+    start = time.perf_counter()
+    for _ in range(repeats):
+        train_state = one_iteration(train_state)
+    return (time.perf_counter() - start) / repeats
+
+
+def measure_real(script: str, env_id: str, num_envs: int, num_steps: int, iterations: int, precision: str):
+    """The script's training run: (the SPS it reports, its steady SPS after the first iteration)."""
+    envs_flag = "--local-num-envs" if script == JAX_SCRIPT else "--num-envs"
     command = [
         sys.executable, os.path.join(REPO_ROOT, "cleanrl", f"{script}.py"), "--env-id", env_id,
-        "--num-envs", str(num_envs), "--num-steps", str(num_steps),
+        envs_flag, str(num_envs), "--num-steps", str(num_steps),
         "--total-timesteps", str(num_envs * num_steps * iterations), "--mixed-precision", precision,
     ]
-    result = subprocess.run(command, capture_output=True, text=True, cwd="/tmp", check=True)
-    return int(re.search(r"(\d+) SPS", result.stdout).group(1))
+    with tempfile.TemporaryDirectory() as workdir:
+        result = subprocess.run(command, capture_output=True, text=True, cwd=workdir)
+        if result.returncode != 0:
+            sys.exit(f"error: {' '.join(command)} failed:\n{result.stderr[-2000:]}")
+        (run_dir,) = os.listdir(os.path.join(workdir, "runs"))
+        events = EventAccumulator(os.path.join(workdir, "runs", run_dir)).Reload().Scalars("charts/SPS")
+    reported = int(re.search(r"(\d+) SPS", result.stdout).group(1))
+    first, last = events[0], events[-1]
+    steady = (last.step - first.step) / (last.wall_time - first.wall_time)
+    return reported, steady
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scripts", nargs="+", default=["ppo_atari"])
+    parser.add_argument("--scripts", nargs="+", default=SCRIPTS, choices=SCRIPTS)
     parser.add_argument("--precisions", nargs="+", default=["none", "bf16"], choices=["none", "bf16"])
     parser.add_argument("--env-id", default="BreakoutNoFrameskip-v4")
     parser.add_argument("--num-envs", type=int, default=8)
     parser.add_argument("--num-steps", type=int, default=128)
-    parser.add_argument("--iterations", type=int, default=10, help="iterations of the real run")
+    parser.add_argument("--iterations", type=int, default=10, help="iterations of each real run (at least 3)")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions of every measurement")
     cli = parser.parse_args()
+    if cli.iterations < 3:
+        sys.exit("error: --iterations must be at least 3 (the steady SPS leaves the first one out)")
 
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cpus")
-    header = f"{'script':<28}{'precision':<10}{'env ms/step':>12}{'nn s/iter':>10}{'bound SPS':>10}{'real SPS':>9}{'fraction':>9}"
-    rows = []
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cpus, {cli.rounds} rounds")
+    samples = {}  # (script, precision or None, quantity) -> one value per round
+    record = lambda key, value: samples.setdefault(key, []).append(value)
+    for round_index in range(cli.rounds):
+        for script in cli.scripts:
+            env_seconds = in_fresh_process(measure_env, script, cli.env_id, cli.num_envs, cli.num_steps * 2)
+            record((script, None, "env"), env_seconds)
+            for precision in cli.precisions:
+                nn_seconds = in_fresh_process(measure_nn, script, cli.num_envs, cli.num_steps, precision)
+                record((script, precision, "nn"), nn_seconds)
+                reported, steady = measure_real(
+                    script, cli.env_id, cli.num_envs, cli.num_steps, cli.iterations, precision
+                )
+                record((script, precision, "reported"), reported)
+                record((script, precision, "steady"), steady)
+                print(f"round {round_index + 1}: {script} {precision}: {steady:.0f} steady SPS", flush=True)
+
+    median = lambda script, precision, quantity: statistics.median(samples[(script, precision, quantity)])
+    batch_size = cli.num_envs * cli.num_steps
+    print(
+        f"\n{'script':<32}{'precision':<10}{'env ms/step':>12}{'nn s/iter':>10}{'bound SPS':>10}"
+        f"{'reported SPS':>13}{'steady SPS':>11}{'fraction':>9}"
+    )
+    steady = {}
     for script in cli.scripts:
-        module = importlib.import_module(f"cleanrl.{script}")
-        env_seconds = measure_env(module, cli.env_id, cli.num_envs, cli.num_steps * 2)
+        env_seconds = median(script, None, "env")
         for precision in cli.precisions:
-            nn_seconds = measure_nn_torch(module, cli.num_envs, cli.num_steps, precision)
-            batch_size = cli.num_envs * cli.num_steps
+            nn_seconds = median(script, precision, "nn")
             bound = batch_size / (cli.num_steps * env_seconds + nn_seconds)
-            real = measure_real(script, cli.env_id, cli.num_envs, cli.num_steps, cli.iterations, precision)
-            row = f"{script:<28}{precision:<10}{env_seconds * 1e3:>12.2f}{nn_seconds:>10.2f}{bound:>10.0f}{real:>9}{real / bound:>9.2f}"
-            rows.append((script, precision, real))
-            print(row if len(rows) > 1 else header + "\n" + row, flush=True)
-    fp32 = {s: r for s, p, r in rows if p == "none"}
-    for script, precision, real in rows:
-        if precision == "bf16" and script in fp32:
-            print(f"{script}: bf16 / fp32 real SPS = {real / fp32[script]:.2f}x")
+            steady[script, precision] = median(script, precision, "steady")
+            print(
+                f"{script:<32}{precision:<10}{env_seconds * 1e3:>12.2f}{nn_seconds:>10.2f}{bound:>10.0f}"
+                f"{median(script, precision, 'reported'):>13.0f}{steady[script, precision]:>11.0f}"
+                f"{steady[script, precision] / bound:>9.2f}"
+            )
+    print()
+    for script in cli.scripts:
+        if ("none" in cli.precisions) and ("bf16" in cli.precisions):
+            print(f"{script}: bf16 / fp32 steady SPS = {steady[script, 'bf16'] / steady[script, 'none']:.2f}x")
+    if "ppo_atari" in cli.scripts:
+        for script in cli.scripts:
+            for precision in cli.precisions:
+                if script != "ppo_atari":
+                    ratio = steady[script, precision] / steady["ppo_atari", "none"]
+                    print(f"{script} {precision} / ppo_atari fp32 steady SPS = {ratio:.2f}x")
 
 
 if __name__ == "__main__":
