@@ -5,7 +5,7 @@ For each script and precision it measures, on the same machine and one after the
           JAX script: envpool's XLA step inside a compiled scan, as its rollout runs it);
   nn    - seconds of one iteration's network work on random data of the real shapes
           (num_steps rollout forwards of num_envs observations, then the whole update);
-  real  - the script's own training run: the SPS it reports (startup and compilation included)
+  real  - the script's own training run: the SPS it logs last (startup and compilation included)
           and its steady SPS (from the wall times of its charts/SPS events, first iteration left out).
 The serial bound is batch_size / (num_steps * env + nn): what a loop that does nothing but step
 the envs and run the network could reach. The steady SPS over the bound is the script's overhead.
@@ -14,13 +14,16 @@ in `--rounds` rounds, interleaved, and the table shows medians.
 
     python benchmark/throughput.py                       # all three scripts, fp32 and bf16
     python benchmark/throughput.py --scripts ppo_atari --precisions none --rounds 1
+    python benchmark/throughput.py --real-only --seconds 40     # on a GPU: benchmark/gpu_throughput.sh
+
+The env-only and NN-only measurements are written for the CPU; --real-only leaves them out.
 """
 
 import argparse
 import importlib
 import multiprocessing
 import os
-import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -195,24 +198,40 @@ def measure_nn_jax(module, num_envs: int, num_steps: int, precision: str, repeat
     return (time.perf_counter() - start) / repeats
 
 
-def measure_real(script: str, env_id: str, num_envs: int, num_steps: int, iterations: int, precision: str):
-    """The script's training run: (the SPS it reports, its steady SPS after the first iteration)."""
+def measure_real(
+    script: str, env_id: str, num_envs: int, num_steps: int, iterations: int, precision: str,
+    seconds: float | None = None,
+):
+    """The script's training run: (the SPS it logged last, its steady SPS after the first iteration).
+
+    With `seconds`, the run has a budget it cannot finish and is interrupted after that long; the
+    iterations its TensorBoard writer had flushed by then are the measurement.
+    """
     envs_flag = "--local-num-envs" if script == JAX_SCRIPT else "--num-envs"
+    total_timesteps = num_envs * num_steps * (iterations if seconds is None else 10**6)
     command = [
         sys.executable, os.path.join(REPO_ROOT, "cleanrl", f"{script}.py"), "--env-id", env_id,
         envs_flag, str(num_envs), "--num-steps", str(num_steps),
-        "--total-timesteps", str(num_envs * num_steps * iterations), "--mixed-precision", precision,
+        "--total-timesteps", str(total_timesteps), "--mixed-precision", precision,
     ]
     with tempfile.TemporaryDirectory() as workdir:
-        result = subprocess.run(command, capture_output=True, text=True, cwd=workdir)
-        if result.returncode != 0:
-            sys.exit(f"error: {' '.join(command)} failed:\n{result.stderr[-2000:]}")
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=workdir)
+        try:
+            _, stderr = process.communicate(timeout=seconds)
+            if process.returncode != 0:
+                sys.exit(f"error: {' '.join(command)} failed:\n{stderr[-2000:]}")
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGINT)
+            process.communicate()
         (run_dir,) = os.listdir(os.path.join(workdir, "runs"))
-        events = EventAccumulator(os.path.join(workdir, "runs", run_dir)).Reload().Scalars("charts/SPS")
-    reported = int(re.search(r"(\d+) SPS", result.stdout).group(1))
+        accumulator = EventAccumulator(os.path.join(workdir, "runs", run_dir)).Reload()
+        events = accumulator.Scalars("charts/SPS") if "charts/SPS" in accumulator.Tags()["scalars"] else []
+    if len(events) < 2:
+        print(f"{script} {precision}: {len(events)} iterations logged, too few; give it more --seconds")
+        return float("nan"), float("nan")
     first, last = events[0], events[-1]
     steady = (last.step - first.step) / (last.wall_time - first.wall_time)
-    return reported, steady
+    return last.value, steady
 
 
 def main():
@@ -224,6 +243,8 @@ def main():
     parser.add_argument("--num-steps", type=int, default=128)
     parser.add_argument("--iterations", type=int, default=10, help="iterations of each real run (at least 3)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions of every measurement")
+    parser.add_argument("--seconds", type=float, help="train for this long in each real run instead of --iterations")
+    parser.add_argument("--real-only", action="store_true", help="only the real runs (the only ones fit for a GPU)")
     cli = parser.parse_args()
     if cli.iterations < 3:
         sys.exit("error: --iterations must be at least 3 (the steady SPS leaves the first one out)")
@@ -233,13 +254,15 @@ def main():
     record = lambda key, value: samples.setdefault(key, []).append(value)
     for round_index in range(cli.rounds):
         for script in cli.scripts:
-            env_seconds = in_fresh_process(measure_env, script, cli.env_id, cli.num_envs, cli.num_steps * 2)
-            record((script, None, "env"), env_seconds)
+            if not cli.real_only:
+                env_seconds = in_fresh_process(measure_env, script, cli.env_id, cli.num_envs, cli.num_steps * 2)
+                record((script, None, "env"), env_seconds)
             for precision in cli.precisions:
-                nn_seconds = in_fresh_process(measure_nn, script, cli.num_envs, cli.num_steps, precision)
-                record((script, precision, "nn"), nn_seconds)
+                if not cli.real_only:
+                    nn_seconds = in_fresh_process(measure_nn, script, cli.num_envs, cli.num_steps, precision)
+                    record((script, precision, "nn"), nn_seconds)
                 reported, steady = measure_real(
-                    script, cli.env_id, cli.num_envs, cli.num_steps, cli.iterations, precision
+                    script, cli.env_id, cli.num_envs, cli.num_steps, cli.iterations, precision, cli.seconds
                 )
                 record((script, precision, "reported"), reported)
                 record((script, precision, "steady"), steady)
@@ -249,19 +272,23 @@ def main():
     batch_size = cli.num_envs * cli.num_steps
     print(
         f"\n{'script':<32}{'precision':<10}{'env ms/step':>12}{'nn s/iter':>10}{'bound SPS':>10}"
-        f"{'reported SPS':>13}{'steady SPS':>11}{'fraction':>9}"
+        f"{'logged SPS':>11}{'steady SPS':>11}{'fraction':>9}"
     )
     steady = {}
     for script in cli.scripts:
-        env_seconds = median(script, None, "env")
         for precision in cli.precisions:
-            nn_seconds = median(script, precision, "nn")
-            bound = batch_size / (cli.num_steps * env_seconds + nn_seconds)
             steady[script, precision] = median(script, precision, "steady")
+            if cli.real_only:
+                serial = f"{'-':>12}{'-':>10}{'-':>10}"
+                fraction = f"{'-':>9}"
+            else:
+                env_seconds, nn_seconds = median(script, None, "env"), median(script, precision, "nn")
+                bound = batch_size / (cli.num_steps * env_seconds + nn_seconds)
+                serial = f"{env_seconds * 1e3:>12.2f}{nn_seconds:>10.2f}{bound:>10.0f}"
+                fraction = f"{steady[script, precision] / bound:>9.2f}"
             print(
-                f"{script:<32}{precision:<10}{env_seconds * 1e3:>12.2f}{nn_seconds:>10.2f}{bound:>10.0f}"
-                f"{median(script, precision, 'reported'):>13.0f}{steady[script, precision]:>11.0f}"
-                f"{steady[script, precision] / bound:>9.2f}"
+                f"{script:<32}{precision:<10}{serial}{median(script, precision, 'reported'):>11.0f}"
+                f"{steady[script, precision]:>11.0f}{fraction}"
             )
     print()
     for script in cli.scripts:
