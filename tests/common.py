@@ -1,10 +1,12 @@
-"""Helpers shared by the tests: run a script, read its TensorBoard logs, a reference GAE."""
+"""Helpers shared by the tests: run a script, read its TensorBoard logs, a reference GAE, and the
+checks that every script of a family must pass."""
 
 import glob
 import os
 import subprocess
 import sys
 
+import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,6 +65,21 @@ def reference_gae(rewards, values, dones, next_value, gamma, gae_lambda):
     return advantages
 
 
+def assert_gae_matches_reference(compute_gae, convert, dtype=np.float64, tolerance: float = 1e-10):
+    """A script's compute_gae(rewards, values, dones, next_value, gamma, lambda), fed through
+    `convert` (torch.tensor, jnp.asarray), against reference_gae on random data with several
+    episode ends in the rollout; returns must be advantages + values."""
+    rng = np.random.default_rng(0)
+    rewards, values = rng.normal(size=(2, 16, 3)).astype(dtype)
+    dones = (rng.random((16, 3)) < 0.2).astype(dtype)
+    assert dones.sum() >= 5
+    next_value = rng.normal(size=3).astype(dtype)
+    advantages, returns = compute_gae(*map(convert, (rewards, values, dones, next_value)), 0.99, 0.95)
+    expected = reference_gae(rewards.tolist(), values.tolist(), dones.tolist(), next_value.tolist(), 0.99, 0.95)
+    np.testing.assert_allclose(np.asarray(advantages), expected, rtol=tolerance, atol=tolerance)
+    np.testing.assert_allclose(np.asarray(returns), np.array(expected) + values, rtol=tolerance, atol=tolerance)
+
+
 def assert_user_error(result, *fragments: str):
     """A user error: non-zero exit, a one-line `error:` message naming the problem, no traceback."""
     assert result.returncode != 0, result.stdout + result.stderr
@@ -91,3 +108,32 @@ def assert_evaluation_printed(result, num_games: int):
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("eval_episode=") == num_games
     assert "eval: mean return" in result.stdout
+
+
+def assert_short_atari_run_logged(run_dir: str, batch_size: int, iterations: int = 4):
+    """A short Breakout run of an Atari script logged every tag at the end of every iteration,
+    annealed the learning rate from 2.5e-4, and logged whole games, each at a step of its own."""
+    scalars = read_scalars(run_dir)
+    for tag in PPO_TAGS:
+        assert tag in scalars, tag
+    assert [step for step, _ in scalars["charts/SPS"]] == [batch_size * (i + 1) for i in range(iterations)]
+    assert all(np.isfinite(value) for _, value in scalars["losses/value_loss"])
+    np.testing.assert_allclose(
+        [v for _, v in scalars["charts/learning_rate"]], [2.5e-4 * (1 - i / iterations) for i in range(iterations)]
+    )
+    # Whole games of Breakout under random play: a few points, never negative or fractional, and
+    # longer than one life.
+    returns = [value for _, value in scalars["charts/episodic_return"]]
+    lengths = [value for _, value in scalars["charts/episodic_length"]]
+    assert returns and all(r >= 0 and r == int(r) for r in returns)
+    assert all(length > 50 for length in lengths), "a game spans all five lives"
+    steps = [step for step, _ in scalars["charts/episodic_return"]]
+    assert len(set(steps)) == len(steps), "every game is logged at a global step of its own"
+    return scalars
+
+
+def assert_corrupt_checkpoint_rejected(script: str, tmp_path):
+    """Evaluating a file that is no checkpoint is a one-line error, not a traceback."""
+    (tmp_path / "corrupt.cleanrl_model").write_bytes(b"not a checkpoint")
+    result = run_script(script, "--eval-checkpoint", "corrupt.cleanrl_model", cwd=tmp_path)
+    assert_user_error(result, "not a readable")

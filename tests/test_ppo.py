@@ -4,7 +4,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from common import PPO_TAGS, assert_user_error, read_scalars, reference_gae, run_dirs, run_script
+from common import PPO_TAGS, assert_gae_matches_reference, assert_user_error, read_scalars, run_dirs, run_script
 
 import cleanrl.ppo as ppo
 
@@ -54,17 +54,7 @@ def small_args(env_id: str, **overrides) -> ppo.Args:
 
 
 def test_gae_matches_the_textbook_definition():
-    rng = np.random.default_rng(0)
-    rewards, values = rng.normal(size=(2, 16, 3))
-    dones = (rng.random((16, 3)) < 0.2).astype(np.float64)
-    assert dones.sum() >= 5
-    next_value = rng.normal(size=3)
-    advantages, returns = ppo.compute_gae(
-        torch.tensor(rewards), torch.tensor(values), torch.tensor(dones), torch.tensor(next_value), 0.99, 0.95
-    )
-    expected = reference_gae(rewards.tolist(), values.tolist(), dones.tolist(), next_value.tolist(), 0.99, 0.95)
-    np.testing.assert_allclose(advantages.numpy(), expected, rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(returns.numpy(), np.array(expected) + values, rtol=1e-10, atol=1e-10)
+    assert_gae_matches_reference(ppo.compute_gae, torch.tensor)
 
 
 def test_gae_with_lambda_one_returns_the_discounted_rewards_plus_bootstrap():

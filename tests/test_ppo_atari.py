@@ -7,7 +7,11 @@ import ale_py
 import numpy as np
 import pytest
 import torch
-from common import assert_evaluation_printed, assert_saved_model_loads_identically, PPO_TAGS, assert_user_error, read_scalars, reference_gae, run_dirs, run_script
+from common import (
+    assert_corrupt_checkpoint_rejected, assert_evaluation_printed, assert_gae_matches_reference,
+    assert_saved_model_loads_identically, assert_short_atari_run_logged, assert_user_error, read_scalars, run_dirs,
+    run_script,
+)
 
 import cleanrl.ppo_atari as ppo_atari
 
@@ -16,16 +20,7 @@ SHORT_RUN = ["--num-envs", "2", "--num-steps", "128", "--total-timesteps", "1024
 
 
 def test_gae_matches_the_textbook_definition():
-    rng = np.random.default_rng(0)
-    rewards, values = rng.normal(size=(2, 16, 3))
-    dones = (rng.random((16, 3)) < 0.2).astype(np.float64)
-    next_value = rng.normal(size=3)
-    advantages, returns = ppo_atari.compute_gae(
-        torch.tensor(rewards), torch.tensor(values), torch.tensor(dones), torch.tensor(next_value), 0.99, 0.95
-    )
-    expected = reference_gae(rewards.tolist(), values.tolist(), dones.tolist(), next_value.tolist(), 0.99, 0.95)
-    np.testing.assert_allclose(advantages.numpy(), expected, rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(returns.numpy(), np.array(expected) + values, rtol=1e-10, atol=1e-10)
+    assert_gae_matches_reference(ppo_atari.compute_gae, torch.tensor)
 
 
 @pytest.mark.parametrize("env_id", ["BreakoutNoFrameskip-v4", "ALE/Breakout-v5", "Breakout-v5"])
@@ -103,20 +98,7 @@ def test_short_training_run_logs_every_tag_for_every_iteration(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "finished 4 iterations, 1024 steps" in result.stdout
     (run_dir,) = run_dirs(tmp_path)
-    scalars = read_scalars(run_dir)
-    for tag in PPO_TAGS:
-        assert tag in scalars, tag
-    assert [step for step, _ in scalars["charts/SPS"]] == [256, 512, 768, 1024]
-    assert all(np.isfinite(value) for _, value in scalars["losses/value_loss"])
-    # Learning rate annealed linearly from 2.5e-4 towards 0.
-    np.testing.assert_allclose([v for _, v in scalars["charts/learning_rate"]], [2.5e-4, 1.875e-4, 1.25e-4, 6.25e-5])
-    # Full games of Breakout under random play score a few points, never a negative or fractional one.
-    returns = [value for _, value in scalars["charts/episodic_return"]]
-    lengths = [value for _, value in scalars["charts/episodic_length"]]
-    assert returns and all(r >= 0 and r == int(r) for r in returns)
-    assert all(length > 50 for length in lengths), "a game spans all five lives"
-    steps = [step for step, _ in scalars["charts/episodic_return"]]
-    assert len(set(steps)) == len(steps), "every game is logged at a global step of its own"
+    assert_short_atari_run_logged(run_dir, batch_size=256)
 
 
 def test_bf16_training_run_gives_finite_losses(tmp_path):
@@ -179,6 +161,4 @@ def test_bad_input_is_a_one_line_error(tmp_path, args, message):
 
 
 def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):
-    (tmp_path / "corrupt.cleanrl_model").write_bytes(b"not a checkpoint")
-    result = run_script("ppo_atari.py", "--eval-checkpoint", "corrupt.cleanrl_model", cwd=tmp_path)
-    assert_user_error(result, "not a readable")
+    assert_corrupt_checkpoint_rejected("ppo_atari.py", tmp_path)

@@ -6,7 +6,11 @@ import os
 import numpy as np
 import pytest
 import torch
-from common import assert_evaluation_printed, assert_saved_model_loads_identically, PPO_TAGS, assert_user_error, read_scalars, reference_gae, run_dirs, run_script
+from common import (
+    assert_corrupt_checkpoint_rejected, assert_evaluation_printed, assert_gae_matches_reference,
+    assert_saved_model_loads_identically, assert_short_atari_run_logged, assert_user_error, read_scalars, run_dirs,
+    run_script,
+)
 
 import cleanrl.ppo_atari_envpool as ppo_envpool
 
@@ -23,16 +27,7 @@ def breakout_score(ram: np.ndarray) -> int:
 
 # --- The math ---------------------------------------------------------------------------------
 def test_gae_matches_the_textbook_definition():
-    rng = np.random.default_rng(0)
-    rewards, values = rng.normal(size=(2, 16, 3))
-    dones = (rng.random((16, 3)) < 0.2).astype(np.float64)
-    next_value = rng.normal(size=3)
-    advantages, returns = ppo_envpool.compute_gae(
-        torch.tensor(rewards), torch.tensor(values), torch.tensor(dones), torch.tensor(next_value), 0.99, 0.95
-    )
-    expected = reference_gae(rewards.tolist(), values.tolist(), dones.tolist(), next_value.tolist(), 0.99, 0.95)
-    np.testing.assert_allclose(advantages.numpy(), expected, rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(returns.numpy(), np.array(expected) + values, rtol=1e-10, atol=1e-10)
+    assert_gae_matches_reference(ppo_envpool.compute_gae, torch.tensor)
 
 
 def test_a_truncated_step_bootstraps_from_the_value_of_the_observation_stored_after_it():
@@ -177,18 +172,8 @@ def test_short_training_run_logs_every_tag_for_every_iteration(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "finished 4 iterations, 1024 steps" in result.stdout
     (run_dir,) = run_dirs(tmp_path)
-    scalars = read_scalars(run_dir)
-    for tag in PPO_TAGS:
-        assert tag in scalars, tag
-    assert [step for step, _ in scalars["charts/SPS"]] == [256, 512, 768, 1024]
-    assert all(np.isfinite(value) for _, value in scalars["losses/value_loss"])
-    np.testing.assert_allclose([v for _, v in scalars["charts/learning_rate"]], [2.5e-4, 1.875e-4, 1.25e-4, 6.25e-5])
-    # Whole games of Breakout under random play: a few points, never negative or fractional; each
-    # logged at the global step where it ended, so not all at the end of an iteration.
-    returns = [value for _, value in scalars["charts/episodic_return"]]
-    lengths = [value for _, value in scalars["charts/episodic_length"]]
-    assert returns and all(r >= 0 and r == int(r) for r in returns)
-    assert all(length > 50 for length in lengths), "a game spans all five lives"
+    scalars = assert_short_atari_run_logged(run_dir, batch_size=256)
+    # Each game is logged at the global step where it ended, not all at the end of an iteration.
     assert any(step % 256 for step, _ in scalars["charts/episodic_return"])
 
 
@@ -254,6 +239,4 @@ def test_bad_input_is_a_one_line_error(tmp_path, args, message):
 
 
 def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):
-    (tmp_path / "corrupt.cleanrl_model").write_bytes(b"not a checkpoint")
-    result = run_script(SCRIPT, "--eval-checkpoint", "corrupt.cleanrl_model", cwd=tmp_path)
-    assert_user_error(result, "not a readable")
+    assert_corrupt_checkpoint_rejected(SCRIPT, tmp_path)

@@ -13,7 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from common import PPO_TAGS, REPO_ROOT, assert_user_error, read_scalars, reference_gae, run_dirs, run_script
+from common import (
+    REPO_ROOT, assert_corrupt_checkpoint_rejected, assert_gae_matches_reference, assert_short_atari_run_logged,
+    assert_user_error, read_scalars, run_dirs, run_script,
+)
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
@@ -55,15 +58,8 @@ def single_device(f, in_specs, out_specs):
 
 # --- The math ---------------------------------------------------------------------------------
 def test_gae_scan_matches_the_textbook_definition():
-    rng = np.random.default_rng(0)
-    rewards, values = rng.normal(size=(2, 16, 3)).astype(np.float32)
-    dones = (rng.random((16, 3)) < 0.2).astype(np.float32)
-    next_value = rng.normal(size=3).astype(np.float32)
     gae = jax.jit(ppo_jax.compute_gae, static_argnums=(4, 5))
-    advantages, returns = gae(rewards, values, dones, next_value, 0.99, 0.95)
-    expected = reference_gae(rewards.tolist(), values.tolist(), dones.tolist(), next_value.tolist(), 0.99, 0.95)
-    np.testing.assert_allclose(advantages, expected, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(returns, np.array(expected) + values, rtol=1e-5, atol=1e-5)
+    assert_gae_matches_reference(gae, jnp.asarray, np.float32, tolerance=1e-5)
 
 
 def test_a_truncated_step_bootstraps_from_the_value_of_the_observation_stored_after_it():
@@ -302,19 +298,7 @@ def test_short_training_run_logs_every_tag_for_every_iteration(short_run):
     assert "2 cpu device(s) on 1 process(es): 2 envs (1 per device), batch 128" in result.stdout
     assert "finished 4 iterations, 512 steps" in result.stdout
     (run_dir,) = run_dirs(cwd)
-    scalars = read_scalars(run_dir)
-    for tag in PPO_TAGS:
-        assert tag in scalars, tag
-    assert [step for step, _ in scalars["charts/SPS"]] == [128, 256, 384, 512]
-    assert all(np.isfinite(value) for _, value in scalars["losses/value_loss"])
-    np.testing.assert_allclose([v for _, v in scalars["charts/learning_rate"]], [2.5e-4, 1.875e-4, 1.25e-4, 6.25e-5])
-    # Whole games of Breakout under random play: a few points, never negative or fractional.
-    returns = [value for _, value in scalars["charts/episodic_return"]]
-    lengths = [value for _, value in scalars["charts/episodic_length"]]
-    assert returns and all(r >= 0 and r == int(r) for r in returns)
-    assert all(length > 50 for length in lengths), "a game spans all five lives"
-    steps = [step for step, _ in scalars["charts/episodic_return"]]
-    assert len(set(steps)) == len(steps), "every game at a step of its own"
+    assert_short_atari_run_logged(run_dir, batch_size=128)
 
 
 def test_two_devices_hold_identical_parameters(short_run):
@@ -363,6 +347,4 @@ def test_bad_input_is_a_one_line_error(tmp_path, args, message):
 
 
 def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):
-    (tmp_path / "corrupt.cleanrl_model").write_bytes(b"not a checkpoint")
-    result = run_script(SCRIPT, "--eval-checkpoint", "corrupt.cleanrl_model", cwd=tmp_path)
-    assert_user_error(result, "not a readable")
+    assert_corrupt_checkpoint_rejected(SCRIPT, tmp_path)
