@@ -222,7 +222,11 @@ def measure_real(
                 sys.exit(f"error: {' '.join(command)} failed:\n{stderr[-2000:]}")
         except subprocess.TimeoutExpired:
             process.send_signal(signal.SIGINT)
-            process.communicate()
+            try:
+                process.communicate(timeout=30)
+            except subprocess.TimeoutExpired:  # stuck in native code: the events on disk will do
+                process.kill()
+                process.communicate()
         (run_dir,) = os.listdir(os.path.join(workdir, "runs"))
         accumulator = EventAccumulator(os.path.join(workdir, "runs", run_dir)).Reload()
         events = accumulator.Scalars("charts/SPS") if "charts/SPS" in accumulator.Tags()["scalars"] else []
