@@ -296,7 +296,7 @@ class Transitions(NamedTuple):
     values: jax.Array
     rewards: jax.Array  # clipped: what the agent learns from
     dones: jax.Array  # the step ended the learning episode: a lost life, a game over or the time limit
-    truncations: jax.Array  # the step reached the time limit
+    truncations: jax.Array  # the step reached the time limit with the game still on: bootstrap it
     played: jax.Array  # False at envpool's reset steps, which never enter the update
     game_over: jax.Array  # for the statistics: a game ended at this step, with this return and length
     episodic_returns: jax.Array
@@ -321,8 +321,11 @@ def rollout(agent: Agent, env_step, params, env_state: EnvState, key, num_steps:
             env_state.episode, info["reward"], game_over, played
         )
         done = terminated | truncated
+        # envpool also flags the time limit on a game that ended on its last allowed step: that game
+        # is over, nothing to bootstrap.
+        truncated_alive = truncated & ~info["terminated"].astype(bool)
         transition = Transitions(
-            env_state.obs, action, logprob, value, reward, done, truncated, played, game_over, episodic_return,
+            env_state.obs, action, logprob, value, reward, done, truncated_alive, played, game_over, episodic_return,
             episodic_length,
         )
         return EnvState(handle, next_obs, done, episode), transition
@@ -536,9 +539,10 @@ def load_model(path: str) -> tuple[int, Any, dict]:
         for saved, expected in zip(jax.tree.leaves(params), jax.tree.leaves(template), strict=True):
             if saved.shape != expected.shape or saved.dtype != expected.dtype:
                 raise ValueError("parameter shapes differ")
+        saved_args = dict(payload["args"])
     except Exception as e:  # any unreadable or foreign file is the same user error
         fail(f"checkpoint {path!r} is not a readable {os.path.basename(__file__)} model ({type(e).__name__})")
-    return num_actions, params, payload["args"]
+    return num_actions, params, saved_args
 
 
 def evaluate(
@@ -561,7 +565,7 @@ def evaluate(
     env_state = EnvState(handle, obs, np.zeros(num_envs, bool), episode)
     play = jax.jit(partial(rollout, agent, env_step, num_steps=num_steps))
     returns = [[] for _ in range(num_envs)]
-    key = jax.random.key(seed)
+    key = jax.random.fold_in(jax.random.key(seed), 1)  # not the stream training started from
     while any(len(r) < q for r, q in zip(returns, quota)):
         key, rollout_key = jax.random.split(key)
         env_state, transitions, _ = play(params, env_state, rollout_key)
@@ -641,6 +645,8 @@ def main(args: Args):
         fail(
             "--local-num-envs, --num-steps, --num-minibatches, --update-epochs and --max-episode-steps must be positive"
         )
+    if args.eval_episodes < 1:
+        fail("--eval-episodes must be positive")
     args.num_devices = jax.device_count()
     args.num_envs = args.local_num_envs * args.num_devices
     args.local_batch_size = args.local_num_envs * args.num_steps

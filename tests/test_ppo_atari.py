@@ -23,6 +23,23 @@ def test_gae_matches_the_textbook_definition():
     assert_gae_matches_reference(ppo_atari.compute_gae, torch.tensor)
 
 
+def test_bf16_autocast_leaves_the_heads_in_fp32():
+    # Values and log-probabilities feed GAE and the ratio: under bf16 autocast they must still be the
+    # fp32 heads applied to the (bf16) hidden features, not bf16-rounded numbers.
+    torch.manual_seed(0)
+    agent = ppo_atari.Agent(4)
+    obs = torch.randint(0, 256, (16, 4, 84, 84), dtype=torch.uint8)
+    action = torch.randint(0, 4, (16,))
+    with torch.autocast("cpu", torch.bfloat16):
+        hidden = agent.hidden(obs)
+        _, logprob, _, value = agent.get_action_and_value(obs, action)
+    assert hidden.dtype == torch.bfloat16
+    expected_value = agent.critic(hidden.float())
+    expected_logprob = torch.distributions.Categorical(logits=agent.actor(hidden.float())).log_prob(action)
+    torch.testing.assert_close(value, expected_value, rtol=0, atol=0)
+    torch.testing.assert_close(logprob, expected_logprob, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("env_id", ["BreakoutNoFrameskip-v4", "ALE/Breakout-v5", "Breakout-v5"])
 def test_env_id_styles_name_the_same_game(env_id):
     assert ppo_atari.atari_game(env_id) == "breakout"
@@ -153,6 +170,8 @@ def test_capture_video_writes_an_mp4_of_a_whole_game(tmp_path):
         (["--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], "not divisible"),
         (["--total-timesteps", "100"], "smaller than one batch"),
         (["--num-envs", "1", "--num-steps", "4", "--num-minibatches", "4"], "cannot normalize advantages"),
+        (["--update-epochs", "0"], "must be positive"),
+        (["--eval-episodes", "0"], "must be positive"),
         (["--eval-checkpoint", "missing.cleanrl_model"], "does not exist"),
     ],
 )

@@ -53,6 +53,15 @@ def test_minibatches_hold_every_played_step_once_and_no_reset_step():
     assert sorted(indices.tolist()) == torch.nonzero(played.reshape(-1)).flatten().tolist()
 
 
+def test_a_minibatch_left_with_one_played_step_gives_a_finite_loss():
+    # Reset steps leave the update, so tiny settings can leave one sample in a minibatch: advantage
+    # normalization must not divide by a NaN standard deviation.
+    args = ppo_envpool.Args()
+    one = lambda value: torch.tensor([value])
+    loss, stats = ppo_envpool.ppo_loss(one(-1.0), one(1.2), one(0.5), one(-1.1), one(3.0), one(1.0), one(0.4), args)
+    assert torch.isfinite(loss) and all(torch.isfinite(value) for value in stats.values())
+
+
 # --- Environment ids --------------------------------------------------------------------------
 @pytest.mark.parametrize("env_id", ["Breakout-v5", "ALE/Breakout-v5", "BreakoutNoFrameskip-v4"])
 def test_env_id_styles_name_the_same_envpool_task(env_id):
@@ -231,6 +240,9 @@ def test_capture_video_writes_an_mp4_of_a_whole_game(tmp_path):
         (["--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], "not divisible"),
         (["--total-timesteps", "100"], "smaller than one batch"),
         (["--max-episode-steps", "0"], "must be positive"),
+        (["--update-epochs", "0"], "must be positive"),
+        (["--eval-episodes", "0"], "must be positive"),
+        (["--num-steps", "1"], "at least 2"),
         (["--eval-checkpoint", "missing.cleanrl_model"], "does not exist"),
     ],
 )

@@ -339,6 +339,7 @@ def test_bf16_training_run_gives_finite_losses(tmp_path):
         (["--local-num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], "not divisible"),
         (["--total-timesteps", "100"], "smaller than one batch"),
         (["--num-steps", "0"], "must be positive"),
+        (["--eval-episodes", "0"], "must be positive"),
         (["--eval-checkpoint", "missing.cleanrl_model"], "does not exist"),
     ],
 )

@@ -410,6 +410,7 @@ def test_killed_worker_is_restarted_and_the_run_resumes_to_its_full_budget(tmp_p
         (["--resume", "missing.pt"], "no such checkpoint file"),
         (["--total-timesteps", "100"], "smaller than one batch"),
         (["--local-num-envs", "1", "--num-steps", "4", "--num-minibatches", "4"], "cannot normalize advantages"),
+        (["--update-epochs", "0"], "must be positive"),
     ],
 )
 def test_bad_input_is_a_one_line_error(tmp_path, args, message):
