@@ -445,10 +445,12 @@ def show_progress(global_step: int, total: int, sps: int, recent_returns: deque)
 # ---------------------------------------------------------------------------------------------
 def main(args: Args):
     args.batch_size = args.num_envs * args.num_steps
-    if min(args.num_envs, args.num_steps, args.num_minibatches, args.update_epochs, args.max_episode_steps) < 1:
-        fail("--num-envs, --num-steps, --num-minibatches, --update-epochs and --max-episode-steps must be positive")
-    if args.eval_episodes < 1:
-        fail("--eval-episodes must be positive")
+    counts = (args.num_envs, args.num_steps, args.num_minibatches, args.update_epochs, args.eval_episodes)
+    if min(*counts, args.max_episode_steps) < 1:
+        fail(
+            "--num-envs, --num-steps, --num-minibatches, --update-epochs, --eval-episodes and --max-episode-steps"
+            " must be positive"
+        )
     if args.num_steps < 2:
         # A one-step rollout of envs that all sit on a reset step would leave nothing to learn from.
         fail("--num-steps must be at least 2: envpool spends a step on every reset")
