@@ -1,0 +1,502 @@
+"""Deep Q-Network (DQN) for classic-control environments with discrete actions.
+
+DQN with a replay buffer, a target network (a hard copy every `target_network_frequency` steps,
+or Polyak averaging with `--tau` < 1), a linearly decaying epsilon-greedy exploration, learning
+starts and a train frequency: CartPole-v1 by default, in a gymnasium `SyncVectorEnv` with SAME_STEP
+autoreset. A time-limit truncation is bootstrapped from the real last observation; only a
+termination ends the TD target. Logs to TensorBoard (and to W&B with `--track`).
+
+Run: `python cleanrl/dqn.py --env-id CartPole-v1 --seed 1`; `--help` lists every option.
+Docs: docs/dqn.md
+"""
+
+import os
+import random
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.optim as optim
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+
+
+@dataclass
+class Args:
+    # experiment
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment (part of the run name)"""
+    seed: int = 1
+    """seed of the experiment (python, numpy, torch and the environments)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, use CUDA when it is available"""
+    track: bool = False
+    """if toggled, track the run with Weights and Biases"""
+    wandb_project_name: str = "cleanRL"
+    """the W&B project name"""
+    wandb_entity: str | None = None
+    """the W&B entity (team); None means your default entity"""
+    capture_video: bool = False
+    """if toggled, record videos of env 0 to `videos/{run_name}/`"""
+    save_model: bool = False
+    """if toggled, save the Q-network to `runs/{run_name}/{exp_name}.cleanrl_model` and evaluate it"""
+    eval_checkpoint: str | None = None
+    """if set, no training: load this saved model and play `eval_episodes` episodes"""
+    eval_episodes: int = 10
+    """the number of episodes played by the evaluation"""
+    eval_epsilon: float = 0.05
+    """the exploration rate of the evaluation's epsilon-greedy policy"""
+    progress_interval: float = 30.0
+    """seconds between plain progress lines when stderr is not a terminal (log files, Slurm, nohup)"""
+
+    # environment
+    env_id: str = "CartPole-v1"
+    """the gymnasium id of the environment (discrete actions, flat observations)"""
+
+    # algorithm
+    total_timesteps: int = 500000
+    """total number of environment steps of the experiment (all envs together)"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the Adam optimizer"""
+    num_envs: int = 1
+    """the number of parallel environments"""
+    buffer_size: int = 10000
+    """the replay memory size, in transitions (one env step each)"""
+    gamma: float = 0.99
+    """the discount factor"""
+    tau: float = 1.0
+    """the target network update rate: 1 copies the Q-network, below 1 is Polyak averaging"""
+    target_network_frequency: int = 500
+    """the number of environment steps between target network updates"""
+    batch_size: int = 128
+    """the number of transitions sampled from the replay memory for each update"""
+    start_e: float = 1.0
+    """the starting epsilon of the exploration"""
+    end_e: float = 0.05
+    """the final epsilon of the exploration"""
+    exploration_fraction: float = 0.5
+    """the fraction of `total_timesteps` over which epsilon decays from start_e to end_e"""
+    learning_starts: int = 10000
+    """the number of environment steps before learning starts (the memory fills meanwhile)"""
+    train_frequency: int = 10
+    """the number of environment steps between updates of the Q-network"""
+
+
+# Losses, Q-values, epsilon and SPS are logged every this many environment steps.
+LOG_EVERY = 100
+
+
+def fail(message: str):
+    """A user error: one line naming the problem, a non-zero exit, no traceback."""
+    sys.exit(f"error: {message}")
+
+
+def check_args(args: Args):
+    counts = dict(
+        num_envs=args.num_envs, buffer_size=args.buffer_size, batch_size=args.batch_size,
+        total_timesteps=args.total_timesteps, train_frequency=args.train_frequency,
+        target_network_frequency=args.target_network_frequency, eval_episodes=args.eval_episodes,
+    )
+    for name, value in counts.items():
+        if value < 1:
+            fail(f"--{name.replace('_', '-')} must be positive, got {value}")
+    for name in ("start_e", "end_e", "exploration_fraction", "eval_epsilon"):
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            fail(f"--{name.replace('_', '-')} must lie in [0, 1], got {getattr(args, name)}")
+    if not 0.0 < args.tau <= 1.0:
+        fail(f"--tau must lie in (0, 1], got {args.tau}")
+    if args.eval_checkpoint is None:
+        if args.total_timesteps < args.num_envs:
+            fail(f"--total-timesteps {args.total_timesteps} is less than one step of the {args.num_envs} envs")
+        if not 0 <= args.learning_starts < args.total_timesteps:
+            fail(
+                f"--learning-starts {args.learning_starts} must lie in [0, total_timesteps = "
+                f"{args.total_timesteps}): the run would never update; lower it"
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment
+# ---------------------------------------------------------------------------------------------
+def make_env(env_id: str, video_folder: str | None = None, record_every_episode: bool = False) -> gym.Env:
+    if video_folder is None:
+        return gym.make(env_id)
+    env = gym.make(env_id, render_mode="rgb_array")
+    # RecordVideo's default trigger is the capped cubic schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
+    trigger = (lambda episode: True) if record_every_episode else None
+    return gym.wrappers.RecordVideo(env, video_folder, episode_trigger=trigger)
+
+
+def make_envs(env_id: str, num_envs: int, capture_video: bool, run_name: str) -> gym.vector.SyncVectorEnv:
+    def thunk(index: int):
+        return lambda: make_env(env_id, f"videos/{run_name}" if capture_video and index == 0 else None)
+
+    # SAME_STEP: the step that ends an episode already returns the next episode's first
+    # observation, and the real last observation comes in infos["final_obs"]. gymnasium 1.x
+    # defaults to NEXT_STEP instead, whose reset step (reward 0, action ignored) would enter the
+    # replay memory as a fake transition.
+    return gym.vector.SyncVectorEnv(
+        [thunk(i) for i in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+
+
+def real_next_obs(next_obs: np.ndarray, infos: dict, episode_done: np.ndarray) -> np.ndarray:
+    """The observation each env's step really ended in, (num_envs, ...): for an env whose episode
+    ended, SAME_STEP autoreset returns the next episode's first observation in `next_obs` and the
+    real last one in infos["final_obs"] (an object array, None where the episode goes on)."""
+    if not episode_done.any():
+        return next_obs
+    real = next_obs.copy()
+    for i in np.flatnonzero(episode_done):
+        real[i] = infos["final_obs"][i]
+    return real
+
+
+class EpisodeStatistics:
+    """Return and length of the running episode of each env, for logging."""
+
+    def __init__(self, num_envs: int):
+        self.returns = np.zeros(num_envs, dtype=np.float64)
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
+
+    def update(self, rewards: np.ndarray, dones: np.ndarray) -> list[tuple[int, float, int]]:
+        """Count one step of every env; return (env index, return, length) of each episode that ended."""
+        self.returns += rewards
+        self.lengths += 1
+        finished = [(int(i), float(self.returns[i]), int(self.lengths[i])) for i in np.flatnonzero(dones)]
+        self.returns[dones] = 0.0
+        self.lengths[dones] = 0
+        return finished
+
+
+# ---------------------------------------------------------------------------------------------
+# Replay memory
+# ---------------------------------------------------------------------------------------------
+class ReplayBuffer:
+    """The last `size` transitions of all envs (one per env step), the oldest overwritten first.
+
+    Each row holds (obs, action, reward, next_obs, termination). next_obs is the observation the
+    step really ended in, also at a truncation; the row's `done` is the termination alone, so the
+    TD target bootstraps through a time limit and stops at a real end.
+    """
+
+    def __init__(self, size: int, obs_shape: tuple[int, ...]):
+        self.size, self.pos, self.count = size, 0, 0
+        self.obs = np.zeros((size, *obs_shape), dtype=np.float32)
+        self.next_obs = np.zeros((size, *obs_shape), dtype=np.float32)
+        self.actions = np.zeros(size, dtype=np.int64)
+        self.rewards = np.zeros(size, dtype=np.float32)
+        self.dones = np.zeros(size, dtype=np.float32)
+
+    def add(self, obs, next_obs, actions, rewards, terminations):
+        n = len(obs)
+        # a slice unless the rows wrap around the end (4x faster than an index array per step)
+        rows = slice(self.pos, self.pos + n) if self.pos + n <= self.size else (self.pos + np.arange(n)) % self.size
+        self.obs[rows], self.next_obs[rows] = obs, next_obs
+        self.actions[rows], self.rewards[rows], self.dones[rows] = actions, rewards, terminations
+        self.pos = (self.pos + n) % self.size
+        self.count = min(self.count + n, self.size)
+
+    def sample(self, batch_size: int, rng: np.random.Generator, device) -> dict[str, torch.Tensor]:
+        # uniform with replacement, as the original DQN
+        rows = rng.integers(0, self.count, size=batch_size)
+        fields = dict(obs=self.obs, actions=self.actions, rewards=self.rewards, next_obs=self.next_obs, dones=self.dones)
+        return {name: torch.from_numpy(array[rows]).to(device) for name, array in fields.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Network
+# ---------------------------------------------------------------------------------------------
+class QNetwork(nn.Module):
+    def __init__(self, obs_dim: int, num_actions: int):
+        super().__init__()
+        self.network = nn.Sequential(
+            nn.Linear(obs_dim, 120),
+            nn.ReLU(),
+            nn.Linear(120, 84),
+            nn.ReLU(),
+            nn.Linear(84, num_actions),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.network(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# The math: small pure functions, tested alone
+# ---------------------------------------------------------------------------------------------
+def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> float:
+    """Epsilon at step t: from start_e down to end_e in a straight line over `duration` steps, then end_e."""
+    if t >= duration:
+        return end_e
+    return start_e + (end_e - start_e) * t / duration
+
+
+def td_target(rewards: torch.Tensor, dones: torch.Tensor, next_q_values: torch.Tensor, gamma: float) -> torch.Tensor:
+    """r + gamma * max_a Q_target(s', a), without the bootstrap where the episode terminated.
+
+    rewards, dones: (batch,); dones is 1.0 where the transition terminated the episode (a
+    truncation is not one: its s' is the real last observation and its future is bootstrapped).
+    next_q_values: (batch, num_actions), the target network's Q-values of s'.
+    """
+    return rewards + gamma * (1.0 - dones) * next_q_values.max(dim=1).values
+
+
+def update_target(target_network: nn.Module, q_network: nn.Module, tau: float):
+    """target <- tau * online + (1 - tau) * target; tau = 1 is the hard copy of the original DQN."""
+    with torch.no_grad():
+        for target_param, param in zip(target_network.parameters(), q_network.parameters()):
+            target_param.mul_(1.0 - tau).add_(param, alpha=tau)
+
+
+# ---------------------------------------------------------------------------------------------
+# Saving and evaluation
+# ---------------------------------------------------------------------------------------------
+def save_model(path: str, q_network: QNetwork, args: Args):
+    # Written to a temporary file and renamed, so a crash never leaves a truncated checkpoint.
+    first, last = q_network.network[0], q_network.network[-1]
+    payload = {
+        "model": q_network.state_dict(), "args": vars(args),
+        "obs_dim": first.in_features, "num_actions": last.out_features,
+    }
+    torch.save(payload, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_model(path: str, device) -> tuple[QNetwork, dict]:
+    if not os.path.isfile(path):
+        fail(f"checkpoint {path!r} does not exist")
+    try:
+        payload = torch.load(path, map_location=device, weights_only=True)
+        q_network = QNetwork(payload["obs_dim"], payload["num_actions"]).to(device)
+        q_network.load_state_dict(payload["model"])
+        saved_args = dict(payload["args"])
+        env_id = saved_args["env_id"]
+    except Exception as e:  # any unreadable or foreign file is the same user error
+        fail(f"checkpoint {path!r} is not a readable {os.path.basename(__file__)} model ({type(e).__name__})")
+    return q_network, env_id
+
+
+def evaluate(
+    q_network: QNetwork, env_id: str, eval_episodes: int, device, epsilon: float, seed: int = 0,
+    video_folder: str | None = None,
+) -> list[float]:
+    """Plays `eval_episodes` whole episodes epsilon-greedily; returns their returns."""
+    env = make_env(env_id, video_folder, record_every_episode=True)
+    rng = np.random.default_rng(seed)
+    returns = []
+    for episode in range(eval_episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        episode_return, done = 0.0, False
+        while not done:
+            if rng.random() < epsilon:
+                action = int(rng.integers(env.action_space.n))
+            else:
+                with torch.no_grad():
+                    q_values = q_network(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
+                action = int(q_values.argmax(dim=1).item())
+            obs, reward, terminated, truncated, _ = env.step(action)
+            episode_return += float(reward)
+            done = terminated or truncated
+        returns.append(episode_return)
+    env.close()
+    return returns
+
+
+def run_evaluation(args: Args, device, writer: SummaryWriter, run_name: str, q_network: QNetwork, env_id: str):
+    video_folder = f"videos/{run_name}-eval" if args.capture_video else None
+    returns = evaluate(q_network, env_id, args.eval_episodes, device, args.eval_epsilon, args.seed, video_folder)
+    for i, episodic_return in enumerate(returns):
+        print(f"eval_episode={i}, episodic_return={episodic_return}")
+        writer.add_scalar("eval/episodic_return", episodic_return, i)
+    print(f"eval: mean return {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} episodes")
+    return returns
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress display
+# ---------------------------------------------------------------------------------------------
+class Progress:
+    """One progress line: live on a terminal; off one (log files, Slurm, nohup), a plain line at most
+    every `interval` seconds, and always on the first and the last call."""
+
+    def __init__(self, total: int, interval: float):
+        self.total, self.interval, self.last_print = total, interval, None
+
+    def show(self, global_step: int, sps: int, recent_returns: deque, last: bool = False):
+        on_terminal = sys.stderr.isatty()
+        now = time.time()
+        if not (on_terminal or last or self.last_print is None or now - self.last_print >= self.interval):
+            return
+        self.last_print = now
+        recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
+        eta = int((self.total - global_step) / max(sps, 1))
+        line = (
+            f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
+            f" | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
+        )
+        if on_terminal:
+            print(f"\r{line}   ", end="\n" if last else "", file=sys.stderr, flush=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+def main(args: Args):
+    check_args(args)
+    try:
+        gym.spec(args.env_id)
+    except gym.error.Error as e:
+        fail(f"cannot make environment {args.env_id!r}: {e}")
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    # The network is tiny, so extra intra-op threads gain nothing; when other processes share the
+    # cores (several seeds at once) their spin-waits slow every step down many times.
+    torch.set_num_threads(1)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if args.eval_checkpoint is not None:
+        q_network, env_id = load_model(args.eval_checkpoint, device)
+        writer = SummaryWriter(f"runs/{run_name}")
+        run_evaluation(args, device, writer, run_name, q_network, env_id)
+        writer.close()
+        return
+
+    try:
+        envs = make_envs(args.env_id, args.num_envs, args.capture_video, run_name)
+        # reset here too: a missing render dependency of --capture-video (pygame) only shows up then
+        obs, _ = envs.reset(seed=args.seed)
+    except gym.error.Error as e:
+        fail(f"cannot make environment {args.env_id!r}: {e}")
+    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
+        envs.close()
+        fail(f"{args.env_id} has action space {envs.single_action_space}; DQN needs a Discrete one")
+    obs_space = envs.single_observation_space
+    if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1):
+        envs.close()
+        fail(f"{args.env_id} has observation space {obs_space}; this script needs a flat Box (vectors)")
+
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            save_code=True,
+        )
+    writer = SummaryWriter(f"runs/{run_name}")
+    writer.add_text(
+        "hyperparameters",
+        "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items()),
+    )
+
+    num_actions = int(envs.single_action_space.n)
+    q_network = QNetwork(obs_space.shape[0], num_actions).to(device)
+    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate)
+    target_network = QNetwork(obs_space.shape[0], num_actions).to(device)
+    target_network.load_state_dict(q_network.state_dict())
+
+    rb = ReplayBuffer(args.buffer_size, obs_space.shape)
+    rng = np.random.default_rng(args.seed)
+    episode_stats = EpisodeStatistics(args.num_envs)
+    recent_returns = deque(maxlen=20)
+    num_vector_steps = args.total_timesteps // args.num_envs
+    total_steps = num_vector_steps * args.num_envs
+    progress = Progress(total_steps, args.progress_interval)
+    exploration_steps = args.exploration_fraction * args.total_timesteps
+    global_step, num_updates = 0, 0
+    window_loss, window_q, window_updates = 0.0, 0.0, 0  # the updates since the last log point
+    start_time = time.time()
+
+    for _ in range(num_vector_steps):
+        epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
+        # each env explores on its own coin; the network runs only when some env acts greedily
+        actions = rng.integers(num_actions, size=args.num_envs)
+        greedy = rng.random(args.num_envs) >= epsilon
+        if greedy.any():
+            with torch.no_grad():
+                q_values = q_network(torch.as_tensor(obs, dtype=torch.float32, device=device))
+            actions = np.where(greedy, q_values.argmax(dim=1).cpu().numpy(), actions)
+
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+        episode_done = terminations | truncations
+        rb.add(obs, real_next_obs(next_obs, infos, episode_done), actions, rewards, terminations)
+        obs = next_obs
+
+        # the env steps of one vector step count as consecutive global steps, env 0 first, so
+        # every episode is logged at a step of its own
+        for i, episodic_return, episodic_length in episode_stats.update(rewards, episode_done):
+            recent_returns.append(episodic_return)
+            writer.add_scalar("charts/episodic_return", episodic_return, global_step + i + 1)
+            writer.add_scalar("charts/episodic_length", episodic_length, global_step + i + 1)
+
+        # The schedule is counted in env steps, whatever num_envs is: an update at every step past
+        # learning_starts that is a multiple of train_frequency, a target update at every multiple
+        # of target_network_frequency (with num_envs = 1, the original DQN loop).
+        for step in range(global_step + 1, global_step + args.num_envs + 1):
+            if step > args.learning_starts and step % args.train_frequency == 0:
+                batch = rb.sample(args.batch_size, rng, device)
+                with torch.no_grad():
+                    target = td_target(batch["rewards"], batch["dones"], target_network(batch["next_obs"]), args.gamma)
+                q_taken = q_network(batch["obs"]).gather(1, batch["actions"][:, None]).squeeze(1)
+                loss = F.mse_loss(q_taken, target)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                num_updates += 1
+                window_updates += 1
+                window_loss += loss.item()
+                window_q += q_taken.mean().item()
+            if step > args.learning_starts and step % args.target_network_frequency == 0:
+                update_target(target_network, q_network, args.tau)
+        previous_step, global_step = global_step, global_step + args.num_envs
+
+        if global_step // LOG_EVERY > previous_step // LOG_EVERY or global_step == total_steps:
+            sps = int(global_step / (time.time() - start_time))
+            writer.add_scalar("charts/SPS", sps, global_step)
+            writer.add_scalar("charts/epsilon", epsilon, global_step)
+            if window_updates:
+                writer.add_scalar("losses/td_loss", window_loss / window_updates, global_step)
+                writer.add_scalar("losses/q_values", window_q / window_updates, global_step)
+                window_loss, window_q, window_updates = 0.0, 0.0, 0
+            progress.show(global_step, sps, recent_returns, last=global_step == total_steps)
+
+    envs.close()  # also finishes the last video
+    recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
+    print(
+        f"finished {global_step} steps and {num_updates} updates, {sps} SPS, "
+        f"mean return of the last {len(recent_returns)} episodes {recent}"
+    )
+
+    if args.save_model:
+        model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
+        save_model(model_path, q_network, args)
+        print(f"model saved to {model_path}")
+        run_evaluation(args, device, writer, run_name, q_network, args.env_id)
+    writer.close()
+    if args.track and args.capture_video:
+        import wandb
+
+        # uploaded by hand: wandb's monitor_gym patch breaks on gymnasium 1.x RecordVideo
+        wandb.save(f"videos/{run_name}*/*.mp4", policy="now")
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

@@ -1,0 +1,307 @@
+"""Specification of cleanrl/dqn.py."""
+
+import glob
+import os
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from common import (
+    DQN_TAGS, assert_corrupt_checkpoint_rejected, assert_evaluation_printed, assert_progress_lines, assert_user_error,
+    read_scalars, run_dirs, run_script,
+)
+
+import cleanrl.dqn as dqn
+
+
+class CountingEnv(gym.Env):
+    """Observation [episode, t, 0]: which episode and how many steps into it. Reward 1 per step;
+    terminates after `length` steps (never, if None: a TimeLimit truncates it instead)."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, length: int | None = None):
+        self.length, self.episode, self.t = length, -1, 0
+
+    def obs(self):
+        return np.array([self.episode, self.t, 0.0], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.episode, self.t = self.episode + 1, 0
+        return self.obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self.obs(), 1.0, self.length is not None and self.t >= self.length, False, {}
+
+
+TERMINATION_LENGTH = 5
+TRUNCATION_LENGTH = 4
+gym.register("DqnTerminatesAfter5-v0", entry_point=CountingEnv, kwargs={"length": TERMINATION_LENGTH})
+gym.register("DqnTruncatedAfter4-v0", entry_point=CountingEnv, max_episode_steps=TRUNCATION_LENGTH)
+
+
+@pytest.fixture(autouse=True)
+def restore_torch_threads():
+    """main() sets torch to one thread; give later tests in this process their default back."""
+    num_threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(num_threads)
+
+
+def small_args(env_id: str, **overrides) -> dqn.Args:
+    fields = dict(
+        env_id=env_id, total_timesteps=400, learning_starts=100, train_frequency=10, target_network_frequency=50,
+        batch_size=16, buffer_size=1000, cuda=False,
+    )
+    return dqn.Args(**{**fields, **overrides})
+
+
+def recorded_buffers(monkeypatch) -> list:
+    """Makes main() keep a reference to the replay buffers it creates."""
+    buffers = []
+
+    class RecordedReplayBuffer(dqn.ReplayBuffer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            buffers.append(self)
+
+    monkeypatch.setattr(dqn, "ReplayBuffer", RecordedReplayBuffer)
+    return buffers
+
+
+def reference_td_target(reward, terminated, truncated, next_q, gamma):
+    """One transition, plain Python: a termination has no future; a truncation (time limit) does."""
+    del truncated  # a time limit changes nothing here: s' is the real last observation
+    return reward if terminated else reward + gamma * max(next_q)
+
+
+def test_td_target_matches_a_plain_reference_with_done_and_truncation_masks():
+    rng = np.random.default_rng(0)
+    rewards = rng.normal(size=64)
+    next_q = rng.normal(size=(64, 3))
+    terminated = rng.random(64) < 0.3
+    truncated = rng.random(64) < 0.3
+    assert (terminated & truncated).any() and (truncated & ~terminated).any() and (~terminated & ~truncated).any()
+    # what the replay memory stores as the done flag: the termination alone
+    target = dqn.td_target(
+        torch.tensor(rewards), torch.tensor(terminated, dtype=torch.float64), torch.tensor(next_q), 0.9
+    )
+    expected = [reference_td_target(*row, 0.9) for row in zip(rewards, terminated, truncated, next_q.tolist())]
+    np.testing.assert_allclose(target.numpy(), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_real_next_obs_takes_the_final_observation_of_finished_envs_only():
+    next_obs = np.array([[1.0], [2.0], [3.0]], np.float32)
+    final_obs = np.array([None, np.array([20.0], np.float32), np.array([30.0], np.float32)], dtype=object)
+    real = dqn.real_next_obs(next_obs, {"final_obs": final_obs}, np.array([False, True, True]))
+    np.testing.assert_array_equal(real, [[1.0], [20.0], [30.0]])
+    np.testing.assert_array_equal(next_obs, [[1.0], [2.0], [3.0]]), "the env's own array is left alone"
+
+
+def test_truncated_transitions_keep_their_real_last_observation_and_are_not_done(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    buffers = recorded_buffers(monkeypatch)
+    dqn.main(small_args("DqnTruncatedAfter4-v0", num_envs=2, total_timesteps=40, learning_starts=20))
+    (rb,) = buffers
+    assert rb.count == 40
+    obs, next_obs, dones = rb.obs[:40], rb.next_obs[:40], rb.dones[:40]
+    # every transition goes one step further within its own episode, the truncating one included
+    np.testing.assert_array_equal(next_obs[:, 0], obs[:, 0])
+    np.testing.assert_array_equal(next_obs[:, 1], obs[:, 1] + 1)
+    assert set(next_obs[:, 1]) == {1, 2, 3, TRUNCATION_LENGTH}
+    assert not dones.any(), "a time limit is not a termination"
+
+
+def test_terminating_transitions_are_done_and_the_others_not(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    buffers = recorded_buffers(monkeypatch)
+    dqn.main(small_args("DqnTerminatesAfter5-v0", total_timesteps=40, learning_starts=20))
+    (rb,) = buffers
+    np.testing.assert_array_equal(rb.next_obs[:40, 1], rb.obs[:40, 1] + 1)
+    np.testing.assert_array_equal(rb.dones[:40], rb.next_obs[:40, 1] == TERMINATION_LENGTH)
+
+
+def test_replay_buffer_keeps_and_samples_only_the_newest_transitions():
+    rb = dqn.ReplayBuffer(10, (1,))
+    for step in range(7):  # 3 envs: 21 transitions, numbered 0..20, through a memory of 10
+        numbers = np.arange(3 * step, 3 * step + 3, dtype=np.float32)[:, None]
+        rb.add(numbers, numbers + 100, np.zeros(3, np.int64), numbers[:, 0], np.zeros(3))
+    batch = rb.sample(1000, np.random.default_rng(0), "cpu")
+    assert set(batch["obs"][:, 0].tolist()) == set(range(11, 21))
+    torch.testing.assert_close(batch["next_obs"], batch["obs"] + 100)
+    torch.testing.assert_close(batch["rewards"], batch["obs"][:, 0])
+
+
+def test_epsilon_decays_linearly_then_stays_at_its_end():
+    assert dqn.linear_schedule(1.0, 0.05, 100, 0) == 1.0
+    assert dqn.linear_schedule(1.0, 0.05, 100, 50) == pytest.approx(0.525)
+    assert dqn.linear_schedule(1.0, 0.05, 100, 100) == 0.05
+    assert dqn.linear_schedule(1.0, 0.05, 100, 10**6) == 0.05
+    assert dqn.linear_schedule(1.0, 0.05, 0, 0) == 0.05, "no exploration phase"
+
+
+def test_target_update_copies_with_tau_one_and_averages_below():
+    torch.manual_seed(0)
+    online, target = dqn.QNetwork(3, 2), dqn.QNetwork(3, 2)
+    before = [p.clone() for p in target.parameters()]
+    dqn.update_target(target, online, 0.25)
+    for new, old, param in zip(target.parameters(), before, online.parameters()):
+        torch.testing.assert_close(new, 0.25 * param + 0.75 * old)
+    dqn.update_target(target, online, 1.0)
+    for new, param in zip(target.parameters(), online.parameters()):
+        torch.testing.assert_close(new, param, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "num_envs, loss_steps",
+    # a loss point at the first vector step past each multiple of 100 env steps with updates
+    # since the previous point (the first update is at step 160)
+    [(1, [200, 300, 400, 500, 600]), (3, [201, 300, 402, 501, 600])],
+)
+def test_updates_and_target_updates_follow_the_schedule_in_env_steps(tmp_path, monkeypatch, num_envs, loss_steps):
+    monkeypatch.chdir(tmp_path)
+    calls = {"td_target": 0, "update_target": 0}
+    for name in calls:
+        original = getattr(dqn, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(dqn, name, counted)
+    args = small_args("CartPole-v1", num_envs=num_envs, total_timesteps=600, learning_starts=150)
+    dqn.main(args)
+    steps = range(args.learning_starts + 1, args.total_timesteps // num_envs * num_envs + 1)
+    assert calls["td_target"] == sum(s % args.train_frequency == 0 for s in steps) == 45
+    assert calls["update_target"] == sum(s % args.target_network_frequency == 0 for s in steps) == 9
+
+    scalars = read_scalars(run_dirs(tmp_path)[0])
+    assert [step for step, _ in scalars["losses/td_loss"]] == loss_steps
+    assert all(np.isfinite(v) for _, v in scalars["losses/td_loss"] + scalars["losses/q_values"])
+
+
+def test_epsilon_is_logged_along_its_schedule(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = small_args("CartPole-v1", total_timesteps=1000, exploration_fraction=0.5, start_e=1.0, end_e=0.1)
+    dqn.main(args)
+    scalars = read_scalars(run_dirs(tmp_path)[0])
+    for step, epsilon in scalars["charts/epsilon"]:
+        # logged after the step's action, which was chosen with the epsilon of step - 1
+        assert epsilon == pytest.approx(max(1.0 - 0.9 * (step - 1) / 500, 0.1), abs=1e-6)
+
+
+def test_every_episode_is_logged_once_with_its_return_and_length_at_its_own_step(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    dqn.main(small_args("DqnTerminatesAfter5-v0", num_envs=2, total_timesteps=40, learning_starts=20))
+    scalars = read_scalars(run_dirs(tmp_path)[0])
+    # 20 vector steps: episodes end at vector steps 5, 10, 15, 20; env i's step there is global
+    # step (vector step - 1) * num_envs + i + 1
+    expected_steps = [(n - 1) * 2 + i + 1 for n in range(5, 21, 5) for i in range(2)]
+    for tag in ["charts/episodic_return", "charts/episodic_length"]:
+        assert [step for step, _ in scalars[tag]] == expected_steps
+        assert all(value == TERMINATION_LENGTH for _, value in scalars[tag])
+
+
+def test_evaluation_plays_the_requested_episodes_greedily_at_epsilon_zero():
+    q_network = dqn.QNetwork(4, 2)
+    with torch.no_grad():  # always push left: CartPole falls within a few steps, the same each time
+        q_network.network[-1].weight.zero_()
+        q_network.network[-1].bias.copy_(torch.tensor([1.0, 0.0]))
+    returns = dqn.evaluate(q_network, "CartPole-v1", 3, torch.device("cpu"), epsilon=0.0, seed=1)
+    assert len(returns) == 3 and all(r < 15 for r in returns)
+    random_returns = dqn.evaluate(q_network, "CartPole-v1", 20, torch.device("cpu"), epsilon=1.0, seed=1)
+    assert np.mean(random_returns) > np.mean(returns)
+
+
+def test_loaded_model_equals_saved_model(tmp_path):
+    q_network, args = dqn.QNetwork(4, 2), dqn.Args()
+    path = str(tmp_path / "q.cleanrl_model")
+    dqn.save_model(path, q_network, args)
+    loaded, env_id = dqn.load_model(path, torch.device("cpu"))
+    assert env_id == args.env_id
+    obs = torch.randn(5, 4)
+    torch.testing.assert_close(loaded(obs), q_network(obs), rtol=0, atol=0)
+
+
+def test_short_run_logs_every_tag_progress_and_summary_then_saves_and_evaluates(tmp_path):
+    result = run_script(
+        "dqn.py", "--total-timesteps", "1000", "--learning-starts", "500", "--save-model", "--eval-episodes", "2",
+        cwd=tmp_path, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "finished 1000 steps and 50 updates" in result.stdout
+    assert result.stdout.count("eval_episode=") == 2
+    assert_progress_lines(result.stderr, total=1000)
+    (run_dir,) = run_dirs(tmp_path)
+    scalars = read_scalars(run_dir)
+    assert set(DQN_TAGS) <= set(scalars)
+    assert [step for step, _ in scalars["charts/SPS"]] == list(range(100, 1001, 100))
+    assert len(scalars["losses/td_loss"]) == 5
+
+    (model_path,) = glob.glob(os.path.join(run_dir, "dqn.cleanrl_model"))
+    evaluation = run_script("dqn.py", "--eval-checkpoint", model_path, "--eval-episodes", "3", cwd=tmp_path)
+    assert_evaluation_printed(evaluation, 3)
+
+
+def test_capture_video_writes_mp4_files(tmp_path):
+    result = run_script(
+        "dqn.py", "--total-timesteps", "300", "--learning-starts", "200", "--capture-video", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    videos = glob.glob(str(tmp_path / "videos" / "*" / "*.mp4"))
+    assert videos and all(os.path.getsize(v) > 1000 for v in videos)
+
+
+def test_wandb_offline_run_is_created(tmp_path):
+    result = run_script(
+        "dqn.py", "--total-timesteps", "300", "--learning-starts", "200", "--track", cwd=tmp_path,
+        env={"WANDB_DIR": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert glob.glob(str(tmp_path / "wandb" / "offline-run-*")), os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--env-id", "NoSuchEnv-v0"], "NoSuchEnv-v0"),
+        (["--env-id", "Pendulum-v1"], "needs a Discrete one"),
+        (["--total-timesteps", "5000"], "would never update"),
+        (["--eval-checkpoint", "missing.cleanrl_model"], "does not exist"),
+    ],
+    ids=["unknown-env-id", "continuous-actions", "no-update-in-budget", "missing-checkpoint"],
+)
+def test_bad_input_is_a_one_line_error(tmp_path, args, message):
+    assert_user_error(run_script("dqn.py", *args, cwd=tmp_path, timeout=120), message)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(batch_size=0), "--batch-size must be positive"),
+        (dict(train_frequency=0), "--train-frequency must be positive"),
+        (dict(target_network_frequency=0), "--target-network-frequency must be positive"),
+        (dict(buffer_size=-1), "--buffer-size must be positive"),
+        (dict(num_envs=0), "--num-envs must be positive"),
+        (dict(eval_episodes=0), "--eval-episodes must be positive"),
+        (dict(tau=0.0), "--tau must lie in (0, 1]"),
+        (dict(end_e=1.5), "--end-e must lie in [0, 1]"),
+        (dict(exploration_fraction=-0.1), "--exploration-fraction must lie in [0, 1]"),
+        (dict(learning_starts=-1), "--learning-starts -1 must lie in [0, total_timesteps"),
+        (dict(num_envs=8, total_timesteps=4, learning_starts=0), "less than one step of the 8 envs"),
+    ],
+    ids=lambda value: "-".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else None,
+)
+def test_bad_sizes_and_rates_are_rejected_with_a_message_naming_the_flag(overrides, message):
+    # the same fail() as above, checked in-process (a subprocess per case costs seconds)
+    with pytest.raises(SystemExit) as exit_info:
+        dqn.check_args(dqn.Args(**overrides))
+    assert str(exit_info.value.code).startswith("error: ") and message in str(exit_info.value.code)
+
+
+def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):
+    assert_corrupt_checkpoint_rejected("dqn.py", tmp_path)
