@@ -164,3 +164,48 @@ def assert_progress_lines(stderr: str, total: int):
         assert PROGRESS_LINE.match(line), line
     done, announced_total = PROGRESS_LINE.match(lines[-1]).group(1, 2)
     assert int(done.replace(",", "")) == int(announced_total.replace(",", "")) == total, lines[-1]
+
+
+def reference_td_target(reward, terminated, truncated, next_q, gamma):
+    """One transition, plain Python: a termination has no future; a truncation (time limit) does,
+    and the replay memory holds its real last observation, so it is bootstrapped like any step."""
+    del truncated  # changes nothing here: it only decides which observation s' is
+    return reward if terminated else reward + gamma * max(next_q)
+
+
+def assert_td_target_matches_reference(td_target):
+    """A DQN script's td_target(rewards, dones, next_q_values, gamma), fed the done flags its replay
+    memory stores (terminations only), against reference_td_target on every mix of the two masks."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    rewards, next_q = rng.normal(size=64), rng.normal(size=(64, 3))
+    terminated, truncated = rng.random(64) < 0.3, rng.random(64) < 0.3
+    assert (terminated & truncated).any() and (truncated & ~terminated).any() and (~terminated & ~truncated).any()
+    target = td_target(torch.tensor(rewards), torch.tensor(terminated, dtype=torch.float64), torch.tensor(next_q), 0.9)
+    expected = [reference_td_target(*row, 0.9) for row in zip(rewards, terminated, truncated, next_q.tolist())]
+    np.testing.assert_allclose(target.numpy(), expected, rtol=1e-12, atol=1e-12)
+
+
+def assert_linear_epsilon_schedule(linear_schedule):
+    """linear_schedule(start_e, end_e, duration, t): a straight line, then flat at end_e."""
+    assert linear_schedule(1.0, 0.05, 100, 0) == 1.0
+    assert abs(linear_schedule(1.0, 0.05, 100, 50) - 0.525) < 1e-12
+    assert linear_schedule(1.0, 0.05, 100, 100) == 0.05
+    assert linear_schedule(1.0, 0.05, 100, 10**6) == 0.05
+    assert linear_schedule(1.0, 0.05, 0, 0) == 0.05, "no exploration phase"
+
+
+def assert_target_update_copies_or_averages(update_target, make_network):
+    """update_target(target, online, tau): Polyak averaging below 1, an exact copy at 1."""
+    import torch
+
+    torch.manual_seed(0)
+    online, target = make_network(), make_network()
+    before = [p.clone() for p in target.parameters()]
+    update_target(target, online, 0.25)
+    for new, old, param in zip(target.parameters(), before, online.parameters()):
+        torch.testing.assert_close(new, 0.25 * param + 0.75 * old)
+    update_target(target, online, 1.0)
+    for new, param in zip(target.parameters(), online.parameters()):
+        torch.testing.assert_close(new, param, rtol=0, atol=0)

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 from common import (
-    DQN_TAGS, assert_corrupt_checkpoint_rejected, assert_evaluation_printed, assert_progress_lines, assert_user_error,
-    read_scalars, run_dirs, run_script,
+    DQN_TAGS, assert_corrupt_checkpoint_rejected, assert_evaluation_printed, assert_linear_epsilon_schedule,
+    assert_progress_lines, assert_target_update_copies_or_averages, assert_td_target_matches_reference,
+    assert_user_error, read_scalars, run_dirs, run_script,
 )
 
 import cleanrl.dqn as dqn
@@ -73,25 +74,8 @@ def recorded_buffers(monkeypatch) -> list:
     return buffers
 
 
-def reference_td_target(reward, terminated, truncated, next_q, gamma):
-    """One transition, plain Python: a termination has no future; a truncation (time limit) does."""
-    del truncated  # a time limit changes nothing here: s' is the real last observation
-    return reward if terminated else reward + gamma * max(next_q)
-
-
 def test_td_target_matches_a_plain_reference_with_done_and_truncation_masks():
-    rng = np.random.default_rng(0)
-    rewards = rng.normal(size=64)
-    next_q = rng.normal(size=(64, 3))
-    terminated = rng.random(64) < 0.3
-    truncated = rng.random(64) < 0.3
-    assert (terminated & truncated).any() and (truncated & ~terminated).any() and (~terminated & ~truncated).any()
-    # what the replay memory stores as the done flag: the termination alone
-    target = dqn.td_target(
-        torch.tensor(rewards), torch.tensor(terminated, dtype=torch.float64), torch.tensor(next_q), 0.9
-    )
-    expected = [reference_td_target(*row, 0.9) for row in zip(rewards, terminated, truncated, next_q.tolist())]
-    np.testing.assert_allclose(target.numpy(), expected, rtol=1e-12, atol=1e-12)
+    assert_td_target_matches_reference(dqn.td_target)
 
 
 def test_real_next_obs_takes_the_final_observation_of_finished_envs_only():
@@ -137,23 +121,11 @@ def test_replay_buffer_keeps_and_samples_only_the_newest_transitions():
 
 
 def test_epsilon_decays_linearly_then_stays_at_its_end():
-    assert dqn.linear_schedule(1.0, 0.05, 100, 0) == 1.0
-    assert dqn.linear_schedule(1.0, 0.05, 100, 50) == pytest.approx(0.525)
-    assert dqn.linear_schedule(1.0, 0.05, 100, 100) == 0.05
-    assert dqn.linear_schedule(1.0, 0.05, 100, 10**6) == 0.05
-    assert dqn.linear_schedule(1.0, 0.05, 0, 0) == 0.05, "no exploration phase"
+    assert_linear_epsilon_schedule(dqn.linear_schedule)
 
 
 def test_target_update_copies_with_tau_one_and_averages_below():
-    torch.manual_seed(0)
-    online, target = dqn.QNetwork(3, 2), dqn.QNetwork(3, 2)
-    before = [p.clone() for p in target.parameters()]
-    dqn.update_target(target, online, 0.25)
-    for new, old, param in zip(target.parameters(), before, online.parameters()):
-        torch.testing.assert_close(new, 0.25 * param + 0.75 * old)
-    dqn.update_target(target, online, 1.0)
-    for new, param in zip(target.parameters(), online.parameters()):
-        torch.testing.assert_close(new, param, rtol=0, atol=0)
+    assert_target_update_copies_or_averages(dqn.update_target, lambda: dqn.QNetwork(3, 2))
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,613 @@
+"""Deep Q-Network (DQN) on Atari (gymnasium 1.x + ale-py), one file.
+
+DQN with the Nature-CNN Q-network, Adam, the Huber loss, a target network and a linearly decaying
+epsilon-greedy exploration, on the standard Atari preprocessing of ppo_atari.py (noop reset, frame
+skip 4 with max-pool, fire on reset, 84x84 grayscale, stack of 4, episodic life and reward clipping
+for learning) in ale-py's C++ vector environment. The replay memory stores each frame once and
+rebuilds the 4-frame stacks when sampling: the default 1M transitions take 7 GB instead of 56.
+Docs: docs/dqn_atari.md
+"""
+
+import os
+import random
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import ale_py
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.optim as optim
+import tyro
+from ale_py.vector_env import AtariVectorEnv
+from torch.utils.tensorboard import SummaryWriter
+
+
+@dataclass
+class Args:
+    # Experiment
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment (environment i gets seed + i)"""
+    torch_deterministic: bool = True
+    """if toggled, sets `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda is used when available"""
+    track: bool = False
+    """if toggled, the run is tracked with Weights and Biases"""
+    wandb_project_name: str = "cleanRL"
+    """the wandb project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of the wandb project"""
+    capture_video: bool = False
+    """if toggled, whole games of env 0 are saved as mp4 files to `videos/{run_name}/`"""
+    save_model: bool = False
+    """if toggled, the Q-network is saved to `runs/{run_name}/{exp_name}.cleanrl_model` and evaluated"""
+    eval_checkpoint: str | None = None
+    """if set, no training: load this saved model and play `eval_episodes` full games"""
+    eval_episodes: int = 10
+    """the number of full games played by the evaluation"""
+    eval_epsilon: float = 0.05
+    """the exploration rate of the evaluation's epsilon-greedy policy"""
+    progress_interval: float = 30.0
+    """seconds between plain progress lines when stderr is not a terminal (log files, Slurm, nohup)"""
+
+    # Environment
+    env_id: str = "BreakoutNoFrameskip-v4"
+    """the game: `BreakoutNoFrameskip-v4`, `ALE/Breakout-v5` and `Breakout-v5` all name Breakout"""
+    repeat_action_probability: float = 0.0
+    """sticky actions; 0 is the NoFrameskip-v4 convention behind the published DQN scores"""
+
+    # Algorithm
+    total_timesteps: int = 10_000_000
+    """total environment steps (agent steps, each 4 emulator frames, all envs together)"""
+    learning_rate: float = 1e-4
+    """the learning rate of the Adam optimizer"""
+    num_envs: int = 1
+    """the number of parallel game environments"""
+    buffer_size: int = 1_000_000
+    """the replay memory size, in env steps (all envs together; each env keeps buffer_size / num_envs)"""
+    gamma: float = 0.99
+    """the discount factor"""
+    tau: float = 1.0
+    """the target network update rate: 1 copies the Q-network, below 1 is Polyak averaging"""
+    target_network_frequency: int = 1000
+    """the number of environment steps between target network updates"""
+    batch_size: int = 32
+    """the number of transitions sampled from the replay memory for each update"""
+    start_e: float = 1.0
+    """the starting epsilon of the exploration"""
+    end_e: float = 0.01
+    """the final epsilon of the exploration"""
+    exploration_fraction: float = 0.10
+    """the fraction of `total_timesteps` over which epsilon decays from start_e to end_e"""
+    learning_starts: int = 80000
+    """the number of environment steps before learning starts (the memory fills meanwhile)"""
+    train_frequency: int = 4
+    """the number of environment steps between updates of the Q-network"""
+
+
+# Losses, Q-values, epsilon and SPS are logged every this many environment steps.
+LOG_EVERY = 100
+# A memory slot is one 84x84 frame; a ring shorter than this could not hold a stack and its successor.
+MIN_SLOTS_PER_ENV = 8
+
+
+def fail(message: str):
+    """A user error: one line naming the problem, a non-zero exit, no traceback."""
+    sys.exit(f"error: {message}")
+
+
+def check_args(args: Args):
+    counts = dict(
+        num_envs=args.num_envs, buffer_size=args.buffer_size, batch_size=args.batch_size,
+        total_timesteps=args.total_timesteps, train_frequency=args.train_frequency,
+        target_network_frequency=args.target_network_frequency, eval_episodes=args.eval_episodes,
+    )
+    for name, value in counts.items():
+        if value < 1:
+            fail(f"--{name.replace('_', '-')} must be positive, got {value}")
+    for name in ("start_e", "end_e", "exploration_fraction", "eval_epsilon"):
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            fail(f"--{name.replace('_', '-')} must lie in [0, 1], got {getattr(args, name)}")
+    if not 0.0 < args.tau <= 1.0:
+        fail(f"--tau must lie in (0, 1], got {args.tau}")
+    if args.eval_checkpoint is None:
+        if args.buffer_size % args.num_envs != 0:
+            fail(f"--buffer-size {args.buffer_size} is not divisible by --num-envs {args.num_envs}")
+        if args.buffer_size // args.num_envs < MIN_SLOTS_PER_ENV:
+            fail(f"--buffer-size {args.buffer_size} holds fewer than {MIN_SLOTS_PER_ENV} steps per env; raise it")
+        if args.total_timesteps < args.num_envs:
+            fail(f"--total-timesteps {args.total_timesteps} is less than one step of the {args.num_envs} envs")
+        if not 0 <= args.learning_starts < args.total_timesteps:
+            fail(
+                f"--learning-starts {args.learning_starts} must lie in [0, total_timesteps = "
+                f"{args.total_timesteps}): the run would never update; lower it"
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment
+# ---------------------------------------------------------------------------------------------
+def atari_game(env_id: str) -> str:
+    """Maps `BreakoutNoFrameskip-v4`, `ALE/Breakout-v5` or `Breakout-v5` to the ROM name `breakout`."""
+    gym.register_envs(ale_py)
+    for candidate in (env_id, f"ALE/{env_id}"):
+        try:
+            spec = gym.spec(candidate)
+        except gym.error.Error:
+            continue
+        if "game" in spec.kwargs:
+            return spec.kwargs["game"]
+    fail(f"unknown Atari env id {env_id!r} (try BreakoutNoFrameskip-v4 or ALE/Breakout-v5)")
+
+
+def make_envs(env_id: str, num_envs: int, repeat_action_probability: float, noop_max: int = 30) -> AtariVectorEnv:
+    # Life loss and reward clipping are applied by the training loop, not by the environment:
+    # ale-py's `episodic_life=True` restarts the whole game at each life loss, which is not the
+    # usual trick (the game goes on with its remaining lives). Keeping the real game here also
+    # gives the episode statistics the full game's unclipped score.
+    # SAME_STEP autoreset: a finished game's step already returns the next game's first
+    # observation (and the real last one in info["final_obs"]), so no fake transition is stored.
+    return AtariVectorEnv(
+        atari_game(env_id),
+        num_envs,
+        num_threads=min(num_envs, os.cpu_count() or 1),
+        repeat_action_probability=repeat_action_probability,
+        autoreset_mode="SameStep",
+        noop_max=noop_max,
+        frameskip=4,
+        maxpool=True,
+        use_fire_reset=True,
+        img_height=84,
+        img_width=84,
+        grayscale=True,
+        stack_num=4,
+        episodic_life=False,
+        reward_clipping=False,
+    )
+
+
+class EpisodeStatistics:
+    """Running score and length of the game each environment is playing."""
+
+    def __init__(self, num_envs: int):
+        self.returns = np.zeros(num_envs, dtype=np.float64)
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
+
+    def step(self, rewards: np.ndarray, game_over: np.ndarray) -> list[tuple[int, float, int]]:
+        """Adds one step of unclipped rewards; returns (env index, return, length) of finished games."""
+        self.returns += rewards
+        self.lengths += 1
+        finished = [(i, float(self.returns[i]), int(self.lengths[i])) for i in np.flatnonzero(game_over)]
+        self.returns[game_over] = 0.0
+        self.lengths[game_over] = 0
+        return finished
+
+
+class VideoRecorder:
+    """Writes each whole game of env 0 as an mp4 of what the agent sees (the newest 84x84 frame)."""
+
+    def __init__(self, folder: str, fps: int = 30):
+        os.makedirs(folder, exist_ok=True)
+        self.folder, self.fps, self.frames, self.games = folder, fps, [], 0
+
+    def add(self, obs_env0: np.ndarray, game_over: bool, final_obs_env0: np.ndarray | None = None):
+        self.frames.append(obs_env0[-1])
+        if game_over:
+            if final_obs_env0 is not None:
+                self.frames[-1] = final_obs_env0[-1]
+            self.write()
+
+    def write(self):
+        from moviepy import ImageSequenceClip  # imported here: only video runs pay for it
+
+        frames = [np.repeat(np.repeat(f, 2, 0), 2, 1)[..., None].repeat(3, -1) for f in self.frames]
+        path = os.path.join(self.folder, f"game-{self.games}.mp4")
+        ImageSequenceClip(frames, fps=self.fps).write_videofile(path, logger=None)
+        self.frames, self.games = [], self.games + 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Replay memory: each frame stored once
+# ---------------------------------------------------------------------------------------------
+class FrameReplayBuffer:
+    """The last `buffer_size` env steps, each 84x84 frame stored once; stacks rebuilt when sampled.
+
+    Every env has a ring of `slots_per_env` slots, written in order. A slot holds one frame (the
+    newest of an observation) and, once its step is taken, that step's action, clipped reward and
+    done flag (the end of a life or of the game). The next slot holds the newest frame of the
+    observation the step ended in. A game over writes two slots: the real last frame (which has no
+    step of its own) and the next game's first frame. So the stack of slot i is the frames of
+    slots i-3..i, those from before the game's first slot replaced by zeros (what ale-py's
+    AtariVectorEnv shows after a reset: [0, 0, 0, first frame]), and its successor stack is the
+    same at slot i+1. A life loss does not restart the stack: the env's game goes on, and so does
+    what the agent saw. A sampled stack never reaches into another game, and a slot whose older
+    frames have been overwritten is no longer sampled.
+    """
+
+    def __init__(self, buffer_size: int, num_envs: int, stack: int = 4, frame_shape=(84, 84)):
+        self.num_envs, self.slots, self.stack = num_envs, buffer_size // num_envs, stack
+        shape = (num_envs, self.slots)
+        # uint8 frames, 7,056 bytes each: 7.06 GB for 1M. Every page is written here, so a machine
+        # without the memory fails now instead of hours into the run (and the RSS tells the truth).
+        self.frames = np.empty(shape + frame_shape, dtype=np.uint8)
+        self.frames.fill(0)
+        self.actions = np.zeros(shape, dtype=np.uint8)  # Atari has at most 18 actions
+        self.rewards = np.zeros(shape, dtype=np.float32)
+        self.dones = np.zeros(shape, dtype=np.bool_)
+        self.first = np.zeros(shape, dtype=np.bool_)  # the slot holds a game's first frame
+        self.valid = np.zeros(shape, dtype=np.bool_)  # the slot's step is stored, with an intact stack
+        self.pos = np.zeros(num_envs, dtype=np.int64)  # each env's slot of its current observation
+        self.used = 0  # slots written so far in the fullest ring, up to slots_per_env
+
+    def _write(self, envs: np.ndarray, slots: np.ndarray, frames: np.ndarray, first: bool):
+        self.frames[envs, slots] = frames
+        self.first[envs, slots] = first
+        self.valid[envs, slots] = False
+        # the slots just after this one are now the oldest: their stacks reached into it
+        for k in range(1, self.stack):
+            self.valid[envs, (slots + k) % self.slots] = False
+        self.used = max(self.used, min(int(slots.max()) + 1, self.slots))
+
+    def start(self, obs: np.ndarray):
+        """obs: (num_envs, 4, 84, 84), the first observations after envs.reset()."""
+        envs = np.arange(self.num_envs)
+        self._write(envs, self.pos, obs[:, -1], first=True)
+
+    def add(self, actions, rewards, dones, next_obs: np.ndarray, final_obs: np.ndarray | None, game_over: np.ndarray):
+        """One vector step: the step taken in each env's current observation and where it ended.
+        next_obs: what envs.step returned (a new game's first observation where a game ended);
+        final_obs: info["final_obs"], the real last observations, read where game_over."""
+        envs, slots = np.arange(self.num_envs), self.pos
+        self.actions[envs, slots], self.rewards[envs, slots], self.dones[envs, slots] = actions, rewards, dones
+        last_frames = next_obs[:, -1]
+        if game_over.any():
+            last_frames = np.where(game_over[:, None, None], final_obs[:, -1], last_frames)
+        next_slots = (slots + 1) % self.slots
+        self._write(envs, next_slots, last_frames, first=False)
+        self.valid[envs, slots] = True
+        self.pos = next_slots
+        if game_over.any():
+            ended = np.flatnonzero(game_over)
+            new_game_slots = (self.pos[ended] + 1) % self.slots
+            self._write(ended, new_game_slots, next_obs[ended, -1], first=True)
+            self.pos[ended] = new_game_slots
+
+    def gather(self, envs: np.ndarray, slots: np.ndarray) -> dict[str, np.ndarray]:
+        """The transitions stored at (envs[b], slots[b]), stacks rebuilt: obs and next_obs (batch, 4, 84, 84)."""
+        window = (slots[:, None] + np.arange(-(self.stack - 1), 2)) % self.slots  # slots i-3 .. i+1
+        frames = self.frames[envs[:, None], window]  # (batch, 5, 84, 84)
+        # A game's first slot at or after position j (among i-2..i) means the frame at j-1 belongs
+        # to the previous game: zero it, as the env pads a new game's stack. (Slot i+1 is never a
+        # game's first slot: it is the same game's next or last frame.)
+        first = self.first[envs[:, None], window[:, 1 : self.stack]]
+        before_game = np.flip(np.logical_or.accumulate(np.flip(first, 1), 1), 1)
+        frames[:, : self.stack - 1][before_game] = 0
+        return dict(
+            obs=frames[:, : self.stack], next_obs=frames[:, 1:], actions=self.actions[envs, slots].astype(np.int64),
+            rewards=self.rewards[envs, slots], dones=self.dones[envs, slots].astype(np.float32),
+        )
+
+    def sample(self, batch_size: int, rng: np.random.Generator, device) -> dict[str, torch.Tensor]:
+        """Uniform with replacement over the stored steps of all envs."""
+        assert self.valid.any(), "nothing stored yet"
+        envs, slots = np.empty(0, np.int64), np.empty(0, np.int64)
+        while len(envs) < batch_size:
+            # Draw over the written slots and keep the valid ones: the few invalid slots (a game's
+            # last frame, the 3 oldest slots of a wrapped ring, the newest) are rejected, so every
+            # stored step keeps the same probability.
+            flat = rng.integers(0, self.num_envs * self.used, size=batch_size - len(envs))
+            e, s = np.divmod(flat, self.used)
+            keep = self.valid[e, s]
+            envs, slots = np.concatenate([envs, e[keep]]), np.concatenate([slots, s[keep]])
+        return {name: torch.from_numpy(array).to(device) for name, array in self.gather(envs, slots).items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Network
+# ---------------------------------------------------------------------------------------------
+class QNetwork(nn.Module):
+    """The Nature-DQN network: three convolutions, a 512-unit layer, one Q-value per action."""
+
+    def __init__(self, num_actions: int):
+        super().__init__()
+        self.network = nn.Sequential(
+            nn.Conv2d(4, 32, 8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(64 * 7 * 7, 512),
+            nn.ReLU(),
+            nn.Linear(512, num_actions),
+        )
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        # obs: (batch, 4, 84, 84) uint8. Channels-last lets the CPU and GPU conv kernels run
+        # without layout shuffles (1.6x faster updates on CPU); the layout changes while uint8.
+        x = obs.contiguous(memory_format=torch.channels_last).float().div_(255.0)
+        return self.network(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# The math: small pure functions, tested alone
+# ---------------------------------------------------------------------------------------------
+def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> float:
+    """Epsilon at step t: from start_e down to end_e in a straight line over `duration` steps, then end_e."""
+    if t >= duration:
+        return end_e
+    return start_e + (end_e - start_e) * t / duration
+
+
+def td_target(rewards: torch.Tensor, dones: torch.Tensor, next_q_values: torch.Tensor, gamma: float) -> torch.Tensor:
+    """r + gamma * max_a Q_target(s', a), without the bootstrap where the learning episode ended.
+
+    rewards, dones: (batch,); dones is 1.0 where the step lost a life or ended the game by
+    termination (a time-limit truncation is not one: its s' is the real last observation and its
+    future is bootstrapped). next_q_values: (batch, num_actions), the target network's Q(s', .).
+    """
+    return rewards + gamma * (1.0 - dones) * next_q_values.max(dim=1).values
+
+
+def update_target(target_network: nn.Module, q_network: nn.Module, tau: float):
+    """target <- tau * online + (1 - tau) * target; tau = 1 is the hard copy of the original DQN."""
+    with torch.no_grad():
+        for target_param, param in zip(target_network.parameters(), q_network.parameters()):
+            target_param.mul_(1.0 - tau).add_(param, alpha=tau)
+
+
+# ---------------------------------------------------------------------------------------------
+# Saving and evaluation
+# ---------------------------------------------------------------------------------------------
+def save_model(path: str, q_network: QNetwork, args: Args):
+    # Written to a temporary file and renamed, so a crash never leaves a truncated checkpoint.
+    payload = {"model": q_network.state_dict(), "args": vars(args), "num_actions": q_network.network[-1].out_features}
+    torch.save(payload, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_model(path: str, device) -> tuple[QNetwork, dict]:
+    if not os.path.isfile(path):
+        fail(f"checkpoint {path!r} does not exist")
+    try:
+        payload = torch.load(path, map_location=device, weights_only=True)
+        q_network = QNetwork(payload["num_actions"]).to(device)
+        q_network.load_state_dict(payload["model"])
+        saved_args = dict(payload["args"])
+        saved_args["env_id"]
+    except Exception as e:  # any unreadable or foreign file is the same user error
+        fail(f"checkpoint {path!r} is not a readable {os.path.basename(__file__)} model ({type(e).__name__})")
+    return q_network.to(memory_format=torch.channels_last), saved_args
+
+
+def epsilon_greedy(q_network: QNetwork, obs: np.ndarray, epsilon: float, rng: np.random.Generator, device) -> np.ndarray:
+    """One action per env: uniform with probability epsilon (each env on its own coin), else argmax Q.
+    The network runs only when some env acts greedily."""
+    actions = rng.integers(q_network.network[-1].out_features, size=len(obs))
+    greedy = rng.random(len(obs)) >= epsilon
+    if greedy.any():
+        with torch.inference_mode():
+            q_values = q_network(torch.from_numpy(obs).to(device))
+        actions = np.where(greedy, q_values.argmax(dim=1).cpu().numpy(), actions)
+    return actions
+
+
+def evaluate(
+    q_network: QNetwork,
+    env_id: str,
+    eval_episodes: int,
+    device,
+    epsilon: float,
+    seed: int = 0,
+    repeat_action_probability: float = 0.0,
+    video_folder: str | None = None,
+) -> list[float]:
+    """Plays `eval_episodes` full games (all lives, unclipped score) epsilon-greedily."""
+    num_envs = min(8, eval_episodes)
+    # Each env plays a fixed quota of games: keeping only the first games to finish would favour
+    # short (bad) games.
+    quota = np.array([eval_episodes // num_envs + (i < eval_episodes % num_envs) for i in range(num_envs)])
+    envs = make_envs(env_id, num_envs, repeat_action_probability)
+    stats = EpisodeStatistics(num_envs)
+    video = VideoRecorder(video_folder) if video_folder else None
+    rng = np.random.default_rng(seed)
+    returns = [[] for _ in range(num_envs)]
+    obs, _ = envs.reset(seed=seed)
+    while any(len(r) < q for r, q in zip(returns, quota)):
+        actions = epsilon_greedy(q_network, obs, epsilon, rng, device)
+        obs, reward, terminated, truncated, info = envs.step(actions)
+        game_over = terminated | truncated
+        if video is not None and len(returns[0]) < quota[0]:
+            video.add(obs[0], bool(game_over[0]), info["final_obs"][0] if game_over[0] else None)
+        for i, episodic_return, _ in stats.step(reward, game_over):
+            if len(returns[i]) < quota[i]:
+                returns[i].append(episodic_return)
+    envs.close()
+    return [r for env_returns in returns for r in env_returns]
+
+
+def run_evaluation(args: Args, device, writer: SummaryWriter, run_name: str, q_network: QNetwork, env_id: str):
+    video_folder = f"videos/{run_name}-eval" if args.capture_video else None
+    returns = evaluate(
+        q_network, env_id, args.eval_episodes, device, args.eval_epsilon, args.seed,
+        args.repeat_action_probability, video_folder,
+    )
+    for i, episodic_return in enumerate(returns):
+        print(f"eval_episode={i}, episodic_return={episodic_return}")
+        writer.add_scalar("eval/episodic_return", episodic_return, i)
+    print(f"eval: mean return {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} games")
+    return returns
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress display
+# ---------------------------------------------------------------------------------------------
+class Progress:
+    """One progress line: live on a terminal; off one (log files, Slurm, nohup), a plain line at most
+    every `interval` seconds, and always on the first and the last call."""
+
+    def __init__(self, total: int, interval: float):
+        self.total, self.interval, self.last_print = total, interval, None
+
+    def show(self, global_step: int, sps: int, recent_returns: deque, last: bool = False):
+        on_terminal = sys.stderr.isatty()
+        now = time.time()
+        if not (on_terminal or last or self.last_print is None or now - self.last_print >= self.interval):
+            return
+        self.last_print = now
+        recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
+        eta = int((self.total - global_step) / max(sps, 1))
+        line = (
+            f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
+            f" | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
+        )
+        if on_terminal:
+            print(f"\r{line}   ", end="\n" if last else "", file=sys.stderr, flush=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+def main(args: Args):
+    check_args(args)
+    atari_game(args.env_id)  # an unknown env id fails here, before anything is written
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if args.eval_checkpoint is not None:
+        q_network, saved_args = load_model(args.eval_checkpoint, device)
+        writer = SummaryWriter(f"runs/{run_name}")
+        run_evaluation(args, device, writer, run_name, q_network, saved_args["env_id"])
+        writer.close()
+        return
+
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            save_code=True,
+        )
+    writer = SummaryWriter(f"runs/{run_name}")
+    writer.add_text(
+        "hyperparameters",
+        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+    )
+
+    envs = make_envs(args.env_id, args.num_envs, args.repeat_action_probability)
+    num_actions = int(envs.single_action_space.n)
+    q_network = QNetwork(num_actions).to(device).to(memory_format=torch.channels_last)
+    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate)
+    target_network = QNetwork(num_actions).to(device).to(memory_format=torch.channels_last)
+    target_network.load_state_dict(q_network.state_dict())
+
+    rb = FrameReplayBuffer(args.buffer_size, args.num_envs)
+    rng = np.random.default_rng(args.seed)
+    obs, info = envs.reset(seed=args.seed)
+    rb.start(obs)
+    lives = info["lives"].copy()
+    episode_stats = EpisodeStatistics(args.num_envs)
+    recent_returns = deque(maxlen=20)
+    video = VideoRecorder(f"videos/{run_name}") if args.capture_video else None
+    num_vector_steps = args.total_timesteps // args.num_envs
+    total_steps = num_vector_steps * args.num_envs
+    progress = Progress(total_steps, args.progress_interval)
+    exploration_steps = args.exploration_fraction * args.total_timesteps
+    global_step, num_updates = 0, 0
+    window_loss, window_q, window_updates = 0.0, 0.0, 0  # the updates since the last log point
+    start_time = time.time()
+
+    for _ in range(num_vector_steps):
+        epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
+        actions = epsilon_greedy(q_network, obs, epsilon, rng, device)
+        next_obs, reward, terminated, truncated, info = envs.step(actions)
+        game_over = terminated | truncated
+        # Episodic life: losing a life ends the learning episode (no bootstrap across it) while
+        # the game goes on. At a game over, info already holds the next game's lives.
+        life_lost = info["lives"] < lives
+        lives = info["lives"].copy()
+        # A time-limit truncation is not a death: its step is stored with the real last
+        # observation, info["final_obs"], and bootstrapped from it.
+        rb.add(actions, np.sign(reward), terminated | life_lost, next_obs, info.get("final_obs"), game_over)
+        obs = next_obs
+
+        if video is not None:
+            video.add(next_obs[0], bool(game_over[0]), info["final_obs"][0] if game_over[0] else None)
+        # The env steps of one vector step count as consecutive global steps, env 0 first, so
+        # every game is logged at a step of its own.
+        for i, episodic_return, episodic_length in episode_stats.step(reward, game_over):
+            recent_returns.append(episodic_return)
+            writer.add_scalar("charts/episodic_return", episodic_return, global_step + i + 1)
+            writer.add_scalar("charts/episodic_length", episodic_length, global_step + i + 1)
+
+        # The schedule is counted in env steps, whatever num_envs is: an update at every step past
+        # learning_starts that is a multiple of train_frequency, a target update at every multiple
+        # of target_network_frequency (with num_envs = 1, the original DQN loop).
+        for step in range(global_step + 1, global_step + args.num_envs + 1):
+            if step > args.learning_starts and step % args.train_frequency == 0:
+                batch = rb.sample(args.batch_size, rng, device)
+                with torch.no_grad():
+                    target = td_target(batch["rewards"], batch["dones"], target_network(batch["next_obs"]), args.gamma)
+                q_taken = q_network(batch["obs"]).gather(1, batch["actions"][:, None]).squeeze(1)
+                loss = F.smooth_l1_loss(q_taken, target)  # the Huber loss, delta 1
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                num_updates += 1
+                window_updates += 1
+                window_loss += loss.item()
+                window_q += q_taken.detach().mean().item()
+            if step > args.learning_starts and step % args.target_network_frequency == 0:
+                update_target(target_network, q_network, args.tau)
+        previous_step, global_step = global_step, global_step + args.num_envs
+
+        if global_step // LOG_EVERY > previous_step // LOG_EVERY or global_step == total_steps:
+            sps = int(global_step / (time.time() - start_time))
+            writer.add_scalar("charts/SPS", sps, global_step)
+            writer.add_scalar("charts/epsilon", epsilon, global_step)
+            if window_updates:
+                writer.add_scalar("losses/td_loss", window_loss / window_updates, global_step)
+                writer.add_scalar("losses/q_values", window_q / window_updates, global_step)
+                window_loss, window_q, window_updates = 0.0, 0.0, 0
+            progress.show(global_step, sps, recent_returns, last=global_step == total_steps)
+
+    envs.close()
+    recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
+    print(
+        f"finished {global_step} steps and {num_updates} updates, {sps} SPS, "
+        f"mean return of the last {len(recent_returns)} games {recent}"
+    )
+
+    if args.save_model:
+        model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
+        save_model(model_path, q_network, args)
+        print(f"model saved to {model_path}")
+        run_evaluation(args, device, writer, run_name, q_network, args.env_id)
+    writer.close()
+    if args.track and args.capture_video:
+        import wandb
+
+        wandb.save(f"videos/{run_name}*/*.mp4", policy="now")
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

@@ -1,0 +1,307 @@
+"""Specification of cleanrl/dqn_atari.py."""
+
+import glob
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+from common import (
+    DQN_TAGS, assert_corrupt_checkpoint_rejected, assert_evaluation_printed, assert_linear_epsilon_schedule,
+    assert_progress_lines, assert_target_update_copies_or_averages, assert_td_target_matches_reference,
+    assert_user_error, read_scalars, run_dirs, run_script,
+)
+
+import cleanrl.dqn_atari as dqn_atari
+
+# One torch thread: the test machine is shared, where two threads per process spin-wait each
+# other out (forward passes measured 5-10x slower).
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+# A short run: 1 env, 600 steps, updates from step 400 on, every 4 steps: 50 updates.
+# Epsilon ends at 0.5: an untrained greedy policy may never press FIRE, and the games must go on.
+SHORT_RUN = ["--total-timesteps", "600", "--learning-starts", "400", "--buffer-size", "2000", "--end-e", "0.5"]
+
+
+@dataclass
+class Played:
+    """Random Breakout play of 2 envs stored in a small memory, with what the env returned."""
+
+    rb: dqn_atari.FrameReplayBuffer
+    obs: np.ndarray  # (steps, envs, 4, 84, 84): the observation each step was taken in
+    next_obs: np.ndarray  # the observation the step ended in (the real last one at a game over)
+    reset_obs: np.ndarray  # what envs.step returned (a new game's first observation at a game over)
+    game_over: np.ndarray  # (steps, envs)
+    life_lost: np.ndarray  # (steps, envs), a life lost while the game goes on
+    slot_of_step: np.ndarray  # (steps, envs): the position in each env's stream of written slots
+    slots_written: np.ndarray  # (envs,)
+
+
+NUM_ENVS, STEPS, SLOTS_PER_ENV = 2, 700, 256
+
+
+@pytest.fixture(scope="module")
+def played() -> Played:
+    envs = dqn_atari.make_envs("BreakoutNoFrameskip-v4", NUM_ENVS, 0.0)
+    rb = dqn_atari.FrameReplayBuffer(NUM_ENVS * SLOTS_PER_ENV, NUM_ENVS)
+    rng = np.random.default_rng(0)
+    obs, info = envs.reset(seed=5)
+    rb.start(obs)
+    lives = info["lives"].copy()
+    record = {name: [] for name in ("obs", "next_obs", "reset_obs", "game_over", "life_lost", "slot")}
+    stream_position = np.zeros(NUM_ENVS, dtype=np.int64)  # slots written before each env's current obs
+    for t in range(STEPS):
+        actions = rng.integers(0, 4, size=NUM_ENVS)
+        next_obs, reward, terminated, truncated, info = envs.step(actions)
+        game_over = terminated | truncated
+        life_lost = info["lives"] < lives
+        lives = info["lives"].copy()
+        real_next = next_obs.copy()
+        if game_over.any():
+            real_next[game_over] = info["final_obs"][game_over]
+        # the reward field carries the step's number, so that each stored step names itself
+        ids = (t * NUM_ENVS + np.arange(NUM_ENVS)).astype(np.float32)
+        rb.add(actions, ids, terminated | life_lost, next_obs, info.get("final_obs"), game_over)
+        for name, value in zip(record, (obs, real_next, next_obs.copy(), game_over, life_lost, stream_position.copy())):
+            record[name].append(value)
+        stream_position += 1 + game_over  # a game over also writes the real last frame
+        obs = next_obs
+    envs.close()
+    arrays = {name: np.stack(values) for name, values in record.items()}
+    return Played(
+        rb, arrays["obs"], arrays["next_obs"], arrays["reset_obs"], arrays["game_over"], arrays["life_lost"],
+        arrays["slot"], stream_position + 1,
+    )
+
+
+def stored_steps(played: Played) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Every transition the memory holds: (step, env) of each, and the rebuilt batch."""
+    envs, slots = np.nonzero(played.rb.valid)
+    batch = played.rb.gather(envs, slots)
+    ids = batch["rewards"].astype(np.int64)
+    return ids // NUM_ENVS, ids % NUM_ENVS, batch
+
+
+def test_the_play_covers_game_starts_life_losses_game_overs_and_a_wrapped_ring(played):
+    assert played.game_over.sum(axis=0).min() >= 2
+    assert (played.life_lost & ~played.game_over).sum(axis=0).min() >= 4
+    assert played.slots_written.min() > 2 * SLOTS_PER_ENV
+
+
+def test_rebuilt_stacks_equal_the_stacks_the_environment_returned(played):
+    steps, envs, batch = stored_steps(played)
+    assert len(steps) > SLOTS_PER_ENV
+    np.testing.assert_array_equal(envs, np.nonzero(played.rb.valid)[0], "each stored step is in its env's ring")
+    np.testing.assert_array_equal(batch["obs"], played.obs[steps, envs])
+    np.testing.assert_array_equal(batch["next_obs"], played.next_obs[steps, envs])
+
+
+def test_a_game_over_step_ends_in_the_real_last_frame_not_the_next_games_first(played):
+    steps, envs, batch = stored_steps(played)
+    at_game_over = played.game_over[steps, envs]
+    assert at_game_over.sum() >= 2
+    np.testing.assert_array_equal(batch["next_obs"][at_game_over], played.next_obs[steps, envs][at_game_over])
+    # the next game's first observation is another picture: [0, 0, 0, first frame]
+    assert (played.reset_obs[steps, envs][at_game_over][:, :3] == 0).all()
+    assert (batch["next_obs"][at_game_over][:, :3] != 0).any(axis=(1, 2, 3)).all()
+
+
+def test_a_stack_at_a_game_start_is_zero_padded_as_the_env_pads_it(played):
+    steps, envs, batch = stored_steps(played)
+    previous_step_ended_game = np.zeros_like(played.game_over)
+    previous_step_ended_game[1:] = played.game_over[:-1]
+    previous_step_ended_game[0] = True  # the first observation after reset
+    starts = previous_step_ended_game[steps, envs]
+    second = np.zeros_like(starts)  # one step into a game: two zero frames left
+    second[steps > 0] = previous_step_ended_game[steps[steps > 0] - 1, envs[steps > 0]]
+    assert starts.sum() >= 2 and second.sum() >= 2
+    assert (batch["obs"][starts][:, :3] == 0).all() and (batch["obs"][starts][:, 3] != 0).any(axis=(1, 2)).all()
+    assert (batch["obs"][second][:, :2] == 0).all() and (batch["obs"][second][:, 2:] != 0).any(axis=(2, 3)).all()
+
+
+def test_a_stack_after_a_life_loss_goes_on_with_the_games_frames(played):
+    steps, envs, batch = stored_steps(played)
+    after_life_loss = np.zeros_like(steps, dtype=bool)
+    after_life_loss[steps > 0] = (played.life_lost & ~played.game_over)[steps[steps > 0] - 1, envs[steps > 0]]
+    assert after_life_loss.sum() >= 4
+    # the game went on, so did the stack: no zero frame, the previous life's frames in it
+    assert (batch["obs"][after_life_loss] != 0).any(axis=(2, 3)).all()
+    np.testing.assert_array_equal(batch["obs"][after_life_loss], played.obs[steps, envs][after_life_loss])
+
+
+def test_the_memory_keeps_exactly_the_newest_steps_with_intact_stacks(played):
+    # Reference: env e's slots form one stream, the oldest overwritten first; a step is kept while
+    # its own slot, the 3 before it and the one after are among the last SLOTS_PER_ENV written.
+    expected = set()
+    for e in range(NUM_ENVS):
+        for t in range(STEPS):
+            if played.slot_of_step[t, e] - 3 >= played.slots_written[e] - SLOTS_PER_ENV:
+                expected.add((t, e))
+    steps, envs, _ = stored_steps(played)
+    assert set(zip(steps.tolist(), envs.tolist())) == expected
+
+
+def test_sampling_draws_the_stored_steps_uniformly_and_nothing_else(played):
+    rng = np.random.default_rng(1)
+    drawn = np.concatenate([played.rb.sample(1000, rng, "cpu")["rewards"].numpy() for _ in range(20)])
+    counts = np.bincount(drawn.astype(np.int64), minlength=STEPS * NUM_ENVS)
+    held = np.zeros(STEPS * NUM_ENVS, dtype=bool)
+    envs, slots = np.nonzero(played.rb.valid)
+    held[played.rb.rewards[envs, slots].astype(np.int64)] = True
+    assert counts[~held].sum() == 0
+    # about 40 draws each: binomial spread, far from 0 and from a double share
+    expected = len(drawn) / held.sum()
+    assert expected * 0.35 < counts[held].min() and counts[held].max() < expected * 2
+
+
+def test_the_memory_stores_one_uint8_frame_per_env_step():
+    rb = dqn_atari.FrameReplayBuffer(1000, 4)
+    assert rb.frames.dtype == np.uint8 and rb.frames.shape == (4, 250, 84, 84)
+    assert rb.frames.nbytes == 1000 * 84 * 84
+
+
+def test_a_game_of_breakout_is_five_learning_episodes(tmp_path, monkeypatch):
+    # Episodic life: done at each of the 4 lost lives while the game goes on, and at the game's end.
+    monkeypatch.chdir(tmp_path)
+    buffers = []
+
+    class RecordedBuffer(dqn_atari.FrameReplayBuffer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            buffers.append(self)
+
+    monkeypatch.setattr(dqn_atari, "FrameReplayBuffer", RecordedBuffer)
+    # random play throughout (an untrained greedy policy may never press FIRE)
+    dqn_atari.main(dqn_atari.Args(
+        total_timesteps=800, learning_starts=790, buffer_size=1000, end_e=1.0, cuda=False, progress_interval=1e9
+    ))
+    (rb,) = buffers
+    game_starts = np.flatnonzero(rb.first[0])
+    assert len(game_starts) >= 3
+    for start, next_start in zip(game_starts, game_starts[1:]):
+        # slots start .. next_start - 2 are the game's steps, next_start - 1 its real last frame
+        dones = rb.dones[0, start : next_start - 1]
+        assert dones.sum() == 5 and dones[-1], (start, next_start)
+        assert not rb.valid[0, next_start - 1], "the last frame is no step of its own"
+
+
+def test_td_target_matches_a_plain_reference_with_done_and_truncation_masks():
+    assert_td_target_matches_reference(dqn_atari.td_target)
+
+
+def test_epsilon_decays_linearly_then_stays_at_its_end():
+    assert_linear_epsilon_schedule(dqn_atari.linear_schedule)
+
+
+def test_target_update_copies_with_tau_one_and_averages_below():
+    assert_target_update_copies_or_averages(dqn_atari.update_target, lambda: dqn_atari.QNetwork(4))
+
+
+def test_epsilon_greedy_acts_greedily_at_zero_and_explores_every_env_at_one():
+    q_network = dqn_atari.QNetwork(4)
+    with torch.no_grad():
+        q_network.network[-1].weight.zero_()
+        q_network.network[-1].bias.copy_(torch.tensor([0.0, 0.0, 1.0, 0.0]))
+    obs = np.zeros((64, 4, 84, 84), np.uint8)
+    rng = np.random.default_rng(0)
+    assert (dqn_atari.epsilon_greedy(q_network, obs, 0.0, rng, "cpu") == 2).all()
+    random_actions = dqn_atari.epsilon_greedy(q_network, obs, 1.0, rng, "cpu")
+    assert set(random_actions.tolist()) == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("env_id", ["BreakoutNoFrameskip-v4", "ALE/Breakout-v5", "Breakout-v5"])
+def test_env_id_styles_name_the_same_game(env_id):
+    assert dqn_atari.atari_game(env_id) == "breakout"
+
+
+def test_short_run_executes_its_updates_and_logs_every_tag(tmp_path):
+    result = run_script("dqn_atari.py", *SHORT_RUN, cwd=tmp_path, env=ONE_THREAD)
+    assert result.returncode == 0, result.stderr
+    assert "finished 600 steps and 50 updates" in result.stdout
+    assert_progress_lines(result.stderr, total=600)
+    scalars = read_scalars(run_dirs(tmp_path)[0])
+    assert set(DQN_TAGS) <= set(scalars)
+    # a loss point per 100 steps that held updates (the first update is at step 404)
+    assert [step for step, _ in scalars["losses/td_loss"]] == [500, 600]
+    assert all(np.isfinite(v) for _, v in scalars["losses/td_loss"] + scalars["losses/q_values"])
+    # whole unclipped games (all five lives) of random play
+    assert all(length > 50 for _, length in scalars["charts/episodic_length"])
+    assert all(r >= 0 and r == int(r) for _, r in scalars["charts/episodic_return"])
+
+
+def test_save_then_evaluate_round_trip(tmp_path):
+    result = run_script(
+        "dqn_atari.py", *SHORT_RUN, "--save-model", "--eval-episodes", "1", cwd=tmp_path, env=ONE_THREAD
+    )
+    assert result.returncode == 0, result.stderr
+    (model_path,) = glob.glob(str(tmp_path / "runs" / "*" / "dqn_atari.cleanrl_model"))
+    assert result.stdout.count("eval_episode=") == 1
+    evaluation = run_script(
+        "dqn_atari.py", "--eval-checkpoint", model_path, "--eval-episodes", "2", cwd=tmp_path, env=ONE_THREAD
+    )
+    assert_evaluation_printed(evaluation, 2)
+
+
+def test_loaded_model_equals_saved_model(tmp_path):
+    q_network, args = dqn_atari.QNetwork(4), dqn_atari.Args()
+    path = str(tmp_path / "q.cleanrl_model")
+    dqn_atari.save_model(path, q_network, args)
+    loaded, saved_args = dqn_atari.load_model(path, torch.device("cpu"))
+    assert saved_args["env_id"] == args.env_id
+    obs = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
+    torch.testing.assert_close(loaded(obs), q_network(obs), rtol=0, atol=0)
+
+
+def test_capture_video_writes_an_mp4_of_a_whole_game(tmp_path):
+    result = run_script("dqn_atari.py", *SHORT_RUN, "--capture-video", cwd=tmp_path, env=ONE_THREAD)
+    assert result.returncode == 0, result.stderr
+    videos = glob.glob(str(tmp_path / "videos" / "*" / "game-*.mp4"))
+    assert videos and all(os.path.getsize(v) > 1000 for v in videos)
+
+
+def test_wandb_offline_run_is_created(tmp_path):
+    result = run_script(
+        "dqn_atari.py", "--total-timesteps", "200", "--learning-starts", "190", "--buffer-size", "1000", "--track",
+        cwd=tmp_path, env={**ONE_THREAD, "WANDB_DIR": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert glob.glob(str(tmp_path / "wandb" / "offline-run-*")), os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--env-id", "NoSuchGameNoFrameskip-v4"], "unknown Atari env id"),
+        (["--num-envs", "3", "--buffer-size", "1000"], "not divisible by --num-envs 3"),
+        (["--total-timesteps", "50000"], "would never update"),
+        (["--eval-checkpoint", "missing.cleanrl_model"], "does not exist"),
+    ],
+    ids=["unknown-env-id", "buffer-not-divisible", "no-update-in-budget", "missing-checkpoint"],
+)
+def test_bad_input_is_a_one_line_error(tmp_path, args, message):
+    assert_user_error(run_script("dqn_atari.py", *args, cwd=tmp_path, env=ONE_THREAD), message)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(batch_size=0), "--batch-size must be positive"),
+        (dict(train_frequency=-4), "--train-frequency must be positive"),
+        (dict(target_network_frequency=0), "--target-network-frequency must be positive"),
+        (dict(num_envs=0), "--num-envs must be positive"),
+        (dict(eval_episodes=0), "--eval-episodes must be positive"),
+        (dict(buffer_size=14, num_envs=2), "fewer than 8 steps per env"),
+        (dict(tau=1.5), "--tau must lie in (0, 1]"),
+        (dict(start_e=-0.1), "--start-e must lie in [0, 1]"),
+        (dict(learning_starts=-1), "--learning-starts -1 must lie in [0, total_timesteps"),
+    ],
+    ids=lambda value: "-".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else None,
+)
+def test_bad_sizes_and_rates_are_rejected_with_a_message_naming_the_flag(overrides, message):
+    with pytest.raises(SystemExit) as exit_info:
+        dqn_atari.check_args(dqn_atari.Args(**overrides))
+    assert str(exit_info.value.code).startswith("error: ") and message in str(exit_info.value.code)
+
+
+def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):
+    assert_corrupt_checkpoint_rejected("dqn_atari.py", tmp_path)
