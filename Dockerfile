@@ -38,7 +38,8 @@ COPY cloud/ cloud/
 
 # Not root. The scripts stay root's (read-only); the user writes runs/, videos/ and wandb/ in /app.
 # On Batch, runs/ is the job's EFS volume (cloud/examples/job_definition.json).
-RUN useradd --create-home --uid 10001 --user-group cleanrl \
+RUN groupadd --gid 10001 cleanrl \
+    && useradd --create-home --uid 10001 --gid 10001 cleanrl \
     && mkdir runs \
     && chown cleanrl:cleanrl /app runs
 USER 10001:10001

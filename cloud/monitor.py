@@ -75,7 +75,7 @@ def main():
     require_job_queue(client, cli.job_queue)
     jobs = sweep_jobs(client, cli.job_queue, cli.sweep_id)
     if not jobs:
-        fail(f"no jobs of sweep {cli.sweep_id} in job queue {cli.job_queue} (Batch keeps ended jobs for about a week)")
+        fail(f"no jobs of sweep {cli.sweep_id} in job queue {cli.job_queue} (Batch lists ended jobs for a limited time only)")
     print(f"sweep {cli.sweep_id} in {cli.job_queue}: {len(jobs)} job{'s' if len(jobs) > 1 else ''}", flush=True)
     for job in jobs:
         print(job_line(job), flush=True)
