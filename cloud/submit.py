@@ -59,6 +59,17 @@ def script_fields(command: list[str]) -> tuple[str, set[str]]:
     return script, fields
 
 
+def flag_value(command: list[str], field: str) -> str | None:
+    """The value the command gives a field's flag (`--total-timesteps N` or `--total-timesteps=N`), if any."""
+    flags = {"--" + field.replace("_", "-"), "--" + field}
+    for i, word in enumerate(command):
+        if word in flags and i + 1 < len(command):
+            return command[i + 1]
+        if word.split("=")[0] in flags and "=" in word:
+            return word.split("=", 1)[1]
+    return None
+
+
 def has_flag(command: list[str], field: str) -> bool:
     flags = {"--" + field.replace("_", "-"), "--" + field}
     return any(word in flags or word.split("=")[0] in flags for word in command)
@@ -83,6 +94,14 @@ def resource_overrides(cli) -> list[dict]:
     return [{"type": kind, "value": str(value)} for kind, value in pairs if value is not None]
 
 
+def parameters(command: list[str], env_id: str) -> dict:
+    """The job definition's parameters as this job's command sets them (the others keep their defaults)."""
+    result = {"envId": env_id}
+    if flag_value(command, "total_timesteps") is not None:
+        result["totalTimesteps"] = flag_value(command, "total_timesteps")
+    return result
+
+
 def requests(cli, command: list[str], fields: set[str]) -> list[dict]:
     """One SubmitJob request per env id x seed."""
     result = []
@@ -96,8 +115,8 @@ def requests(cli, command: list[str], fields: set[str]) -> list[dict]:
                 "jobName": job_name(cli.sweep_id, env_id, seed),
                 "jobQueue": cli.job_queue,
                 "jobDefinition": cli.job_definition,
-                # The command above is what runs; the parameters name the job's env in the console.
-                "parameters": {"envId": env_id},
+                # The command above is what runs; the parameters show its env and budget in the console.
+                "parameters": parameters(command, env_id),
                 "containerOverrides": overrides,
                 "tags": {SWEEP_TAG: cli.sweep_id, "cleanrl:env-id": env_id, "cleanrl:seed": str(seed)},
                 "propagateTags": True,  # onto the ECS tasks and instances: costs can be read per sweep

@@ -124,6 +124,19 @@ def test_every_example_file_is_checked_and_every_placeholder_is_documented():
     assert all(f"<{placeholder}>" in docs for placeholder in PLACEHOLDERS)
 
 
+def test_the_docs_give_the_set_up_commands_verbatim():
+    with open(os.path.join(REPO_ROOT, "docs", "cloud.md")) as f:
+        docs = f.read()
+    for command in [
+        "aws batch create-compute-environment --cli-input-json file://cloud/examples/compute_env.json",
+        "aws batch create-job-queue --cli-input-json file://cloud/examples/job_queue.json",
+        "aws batch register-job-definition --cli-input-json file://cloud/examples/job_definition.json",
+        "aws batch submit-job --job-name ppo --job-queue cleanrl-queue --job-definition cleanrl-ppo "
+        "--parameters envId=PongNoFrameskip-v4,totalTimesteps=50000000",
+    ]:
+        assert command in docs, command
+
+
 def test_the_compute_environments_cost_nothing_when_idle_and_multi_node_runs_on_demand():
     spot, on_demand = example("compute_env.json"), example("compute_env_ondemand.json")
     for environment in (spot, on_demand):
@@ -272,7 +285,7 @@ def test_a_sweep_is_one_job_per_env_id_and_seed_tagged_with_the_sweep(sweep):
         assert job["tags"]["cleanrl:sweep"] == "nightly-1"
         assert f"submitted {name} {job['jobId']}" in result.stdout
     assert jobs["nightly-1__ALE_Pong-v5__2"]["tags"]["cleanrl:env-id"] == "ALE/Pong-v5"
-    assert jobs["nightly-1__ALE_Pong-v5__2"]["parameters"]["envId"] == "ALE/Pong-v5"
+    assert jobs["nightly-1__ALE_Pong-v5__2"]["parameters"] == {"envId": "ALE/Pong-v5", "totalTimesteps": "100000"}
     assert "python cloud/monitor.py --job-queue cleanrl-queue --sweep-id nightly-1 --wait" in result.stdout
 
 
