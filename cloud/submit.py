@@ -104,13 +104,13 @@ def parameters(command: list[str], env_id: str) -> dict:
 
 def requests(cli, command: list[str], fields: set[str]) -> list[dict]:
     """One SubmitJob request per env id x seed."""
-    result = []
+    result, resources = [], resource_overrides(cli)
     for env_id in cli.env_ids:
         for seed in cli.seeds:
             overrides = {"command": container_command(command, fields, env_id, seed, cli.sweep_id,
                                                       cli.checkpoint_every)}
-            if resource_overrides(cli):
-                overrides["resourceRequirements"] = resource_overrides(cli)
+            if resources:
+                overrides["resourceRequirements"] = resources
             request = {
                 "jobName": job_name(cli.sweep_id, env_id, seed),
                 "jobQueue": cli.job_queue,
