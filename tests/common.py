@@ -4,6 +4,7 @@ checks that every script of a family must pass."""
 import glob
 import os
 import re
+import socket
 import subprocess
 import sys
 
@@ -33,6 +34,29 @@ def run_script(script: str, *args: str, cwd, env: dict | None = None, timeout: i
     command = (launcher or [sys.executable]) + [os.path.join(REPO_ROOT, "cleanrl", script), *args]
     full_env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop(process: subprocess.Popen):
+    """Ends a torchrun launch. torchrun starts its workers in sessions of their own, out of reach of a
+    kill of torchrun alone; on SIGTERM it stops them itself. SIGKILL if that does not do it."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def rank_lines(output: str, pattern: str) -> dict[int, re.Match]:
+    """The matches of a per-rank message `rank R...` in a run's output, by rank."""
+    return {int(m["rank"]): m for m in re.finditer(pattern, output)}
 
 
 def run_dirs(cwd) -> list[str]:
