@@ -203,6 +203,17 @@ def test_rollout_ends_episodes_at_life_losses_and_bootstraps_only_time_limits(tm
     assert life_losses > 0 and truncations > 0, (life_losses, truncations)
 
 
+def test_wandb_offline_run_is_created_with_the_videos(tmp_path):
+    result = run_script(
+        "ppo_atari.py", *SHORT_RUN[:-1], "512", "--track", "--capture-video", cwd=tmp_path,
+        env={"WANDB_DIR": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr
+    (wandb_run,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
+    # game 0 of env 0 ends within 256 steps of random play; its video is logged as wandb media
+    assert glob.glob(os.path.join(wandb_run, "files", "media", "videos", "**", "game_0_*.mp4"), recursive=True)
+
+
 def test_video_schedule_is_capped_cubic():
     assert [game for game in range(3001) if ppo_atari.capped_cubic(game)] == capped_cubic_games(3001)
 
