@@ -45,7 +45,7 @@ class Args:
     wandb_entity: str | None = None
     """the W&B entity (team); None means your default entity"""
     capture_video: bool = False
-    """if toggled, record videos of env 0 to `videos/{run_name}/`"""
+    """if toggled, episodes 0, 1, 8, 27, ..., then every 1000th of env 0 are recorded to `videos/{run_name}/`"""
     save_model: bool = False
     """if toggled, save the Q-network to `runs/{run_name}/{exp_name}.cleanrl_model` and evaluate it"""
     eval_checkpoint: str | None = None
@@ -325,28 +325,33 @@ def run_evaluation(args: Args, device, writer: SummaryWriter, run_name: str, q_n
 # Progress display
 # ---------------------------------------------------------------------------------------------
 class Progress:
-    """One progress line: live on a terminal; off one (log files, Slurm, nohup), a plain line at most
-    every `interval` seconds, and always on the first and the last call."""
+    """How far the run is, for whoever reads its output: a live line on a terminal; elsewhere (a
+    log file, Slurm, nohup, a container) a plain line at most every `interval` seconds, and
+    always the first and the last one."""
 
-    def __init__(self, total: int, interval: float):
-        self.total, self.interval, self.last_print = total, interval, None
+    def __init__(self, total_steps: int, interval: float):
+        self.total, self.interval, self.last_print = total_steps, interval, -float("inf")
+        self.on_terminal = sys.stderr.isatty()
 
-    def show(self, global_step: int, sps: int, recent_returns: deque, last: bool = False):
-        on_terminal = sys.stderr.isatty()
+    def show(self, global_step: int, sps: int, recent_returns: deque):
         now = time.time()
-        if not (on_terminal or last or self.last_print is None or now - self.last_print >= self.interval):
+        if not self.on_terminal and now - self.last_print < self.interval and global_step < self.total:
             return
         self.last_print = now
         recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
-        eta = int((self.total - global_step) / max(sps, 1))
+        eta = (self.total - global_step) / max(sps, 1)
         line = (
             f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
-            f" | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
+            f" | ETA {int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}"
         )
-        if on_terminal:
-            print(f"\r{line}   ", end="\n" if last else "", file=sys.stderr, flush=True)
+        if self.on_terminal:
+            print(f"\r{line}   ", end="", file=sys.stderr, flush=True)
         else:
             print(line, file=sys.stderr, flush=True)
+
+    def close(self):
+        if self.on_terminal:
+            print(file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -476,8 +481,9 @@ def main(args: Args):
                 writer.add_scalar("losses/td_loss", window_loss / window_updates, global_step)
                 writer.add_scalar("losses/q_values", window_q / window_updates, global_step)
                 window_loss, window_q, window_updates = 0.0, 0.0, 0
-            progress.show(global_step, sps, recent_returns, last=global_step == total_steps)
+            progress.show(global_step, sps, recent_returns)
 
+    progress.close()
     envs.close()  # also finishes the last video
     recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
     print(

@@ -9,8 +9,10 @@ Docs: docs/dqn_atari.md
 """
 
 import os
+import queue
 import random
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -45,7 +47,7 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of the wandb project"""
     capture_video: bool = False
-    """if toggled, whole games of env 0 are saved as mp4 files to `videos/{run_name}/`"""
+    """if toggled, games 0, 1, 8, 27, ..., then every 1000th game of env 0 are saved as RGB mp4 files to `videos/{run_name}/`"""
     save_model: bool = False
     """if toggled, the Q-network is saved to `runs/{run_name}/{exp_name}.cleanrl_model` and evaluated"""
     eval_checkpoint: str | None = None
@@ -62,6 +64,8 @@ class Args:
     """the game: `BreakoutNoFrameskip-v4`, `ALE/Breakout-v5` and `Breakout-v5` all name Breakout"""
     repeat_action_probability: float = 0.0
     """sticky actions; 0 is the NoFrameskip-v4 convention behind the published DQN scores"""
+    max_episode_steps: int = 27_000
+    """the time limit of a game in agent steps (108,000 emulator frames, as the v5 games); a game stopped by it is bootstrapped, not treated as a death"""
 
     # Algorithm
     total_timesteps: int = 10_000_000
@@ -122,6 +126,8 @@ def check_args(args: Args):
             fail(f"--buffer-size {args.buffer_size} is not divisible by --num-envs {args.num_envs}")
         if args.buffer_size // args.num_envs < MIN_SLOTS_PER_ENV:
             fail(f"--buffer-size {args.buffer_size} holds fewer than {MIN_SLOTS_PER_ENV} steps per env; raise it")
+        if args.max_episode_steps < 1:
+            fail(f"--max-episode-steps must be positive, got {args.max_episode_steps}")
         if args.total_timesteps < args.num_envs:
             fail(f"--total-timesteps {args.total_timesteps} is less than one step of the {args.num_envs} envs")
         if not 0 <= args.learning_starts < args.total_timesteps:
@@ -147,27 +153,37 @@ def atari_game(env_id: str) -> str:
     fail(f"unknown Atari env id {env_id!r} (try BreakoutNoFrameskip-v4 or ALE/Breakout-v5)")
 
 
-def make_envs(env_id: str, num_envs: int, repeat_action_probability: float, noop_max: int = 30) -> AtariVectorEnv:
+def make_envs(
+    env_id: str,
+    num_envs: int,
+    repeat_action_probability: float,
+    max_episode_steps: int = 27_000,
+    noop_max: int = 30,
+    rgb_frames: bool = False,
+) -> AtariVectorEnv:
     # Life loss and reward clipping are applied by the training loop, not by the environment:
     # ale-py's `episodic_life=True` restarts the whole game at each life loss, which is not the
     # usual trick (the game goes on with its remaining lives). Keeping the real game here also
     # gives the episode statistics the full game's unclipped score.
     # SAME_STEP autoreset: a finished game's step already returns the next game's first
     # observation (and the real last one in info["final_obs"]), so no fake transition is stored.
+    # rgb_frames: the same games, seen as full 210x160 RGB screens instead of the agent's stack of
+    # 84x84 grayscale frames (for videos).
     return AtariVectorEnv(
         atari_game(env_id),
         num_envs,
         num_threads=min(num_envs, os.cpu_count() or 1),
         repeat_action_probability=repeat_action_probability,
+        max_num_frames_per_episode=max_episode_steps * 4,
         autoreset_mode="SameStep",
         noop_max=noop_max,
         frameskip=4,
         maxpool=True,
         use_fire_reset=True,
-        img_height=84,
-        img_width=84,
-        grayscale=True,
-        stack_num=4,
+        img_height=210 if rgb_frames else 84,
+        img_width=160 if rgb_frames else 84,
+        grayscale=not rgb_frames,
+        stack_num=1 if rgb_frames else 4,
         episodic_life=False,
         reward_clipping=False,
     )
@@ -190,27 +206,80 @@ class EpisodeStatistics:
         return finished
 
 
+def capped_cubic(game: int) -> bool:
+    """Games 0, 1, 8, 27, ..., 729, then every 1000th: many videos early, few in a long run."""
+    return round(game ** (1 / 3)) ** 3 == game if game < 1000 else game % 1000 == 0
+
+
 class VideoRecorder:
-    """Writes each whole game of env 0 as an mp4 of what the agent sees (the newest 84x84 frame)."""
+    """Records games of env 0 as RGB mp4 files, `{folder}/game-{k}.mp4` for the k-th game.
 
-    def __init__(self, folder: str, fps: int = 30):
+    The C++ vector env returns only the agent's 84x84 grayscale stacks, so a one-env shadow of
+    env 0 (same game, seed and settings, full 210x160 RGB screens) is given env 0's actions and
+    plays the identical game. Frames stream to a background thread that encodes them with
+    ffmpeg as they come: training never waits for an encoder, and a long game is never held in
+    memory. `close()` finishes the last file; under --track each finished file goes to wandb.
+    """
+
+    def __init__(self, folder, env_id, seed, repeat_action_probability, max_episode_steps, schedule=capped_cubic,
+                 first_game: int = 0, track: bool = False, fps: int = 30):
+        import imageio_ffmpeg  # imported here: only video runs pay for it
+
         os.makedirs(folder, exist_ok=True)
-        self.folder, self.fps, self.frames, self.games = folder, fps, [], 0
+        self.folder, self.schedule, self.game, self.track, self.fps = folder, schedule, first_game, track, fps
+        self.shadow = make_envs(env_id, 1, repeat_action_probability, max_episode_steps, rgb_frames=True)
+        screen, _ = self.shadow.reset(seed=seed)
+        self.frames = queue.Queue(maxsize=1000)  # bounded: a stalled encoder slows training, never fills memory
+        self.encoder = threading.Thread(target=self.encode, args=(imageio_ffmpeg,), daemon=True)
+        self.encoder.start()
+        self.start_game(screen)
 
-    def add(self, obs_env0: np.ndarray, game_over: bool, final_obs_env0: np.ndarray | None = None):
-        self.frames.append(obs_env0[-1])
-        if game_over:
-            if final_obs_env0 is not None:
-                self.frames[-1] = final_obs_env0[-1]
-            self.write()
+    def start_game(self, screen):
+        self.recording = self.schedule(self.game)
+        if self.recording:
+            self.frames.put(os.path.join(self.folder, f"game-{self.game}.mp4"))
+            self.frames.put(screen[0, -1])
 
-    def write(self):
-        from moviepy import ImageSequenceClip  # imported here: only video runs pay for it
+    def step(self, action_env0: int):
+        screen, _, terminated, truncated, info = self.shadow.step(np.array([action_env0]))
+        if terminated[0] or truncated[0]:
+            if self.recording:
+                self.frames.put(info["final_obs"][0, -1])
+                self.frames.put(None)  # end of this file
+            self.game += 1
+            self.start_game(screen)
+        elif self.recording:
+            self.frames.put(screen[0, -1])
 
-        frames = [np.repeat(np.repeat(f, 2, 0), 2, 1)[..., None].repeat(3, -1) for f in self.frames]
-        path = os.path.join(self.folder, f"game-{self.games}.mp4")
-        ImageSequenceClip(frames, fps=self.fps).write_videofile(path, logger=None)
-        self.frames, self.games = [], self.games + 1
+    def encode(self, imageio_ffmpeg):
+        writer, path = None, None
+        while True:
+            item = self.frames.get()
+            if isinstance(item, str):
+                path = item
+                writer = imageio_ffmpeg.write_frames(path, (160, 210), fps=self.fps, macro_block_size=1)
+                writer.send(None)  # starts ffmpeg
+            elif item is None or item is STOP:
+                if writer is not None:
+                    writer.close()
+                    if self.track and item is None:
+                        import wandb
+
+                        wandb.log({"videos/game": wandb.Video(path, format="mp4")}, commit=False)
+                writer = None
+                if item is STOP:
+                    return
+            else:
+                writer.send(np.ascontiguousarray(item))
+
+    def close(self):
+        """Waits for the encoder. A game still being played is kept up to its last frame so far."""
+        self.frames.put(STOP)
+        self.encoder.join()
+        self.shadow.close()
+
+
+STOP = object()  # tells the encoder thread to finish
 
 
 # ---------------------------------------------------------------------------------------------
@@ -408,6 +477,7 @@ def evaluate(
     epsilon: float,
     seed: int = 0,
     repeat_action_probability: float = 0.0,
+    max_episode_steps: int = 27_000,
     video_folder: str | None = None,
 ) -> list[float]:
     """Plays `eval_episodes` full games (all lives, unclipped score) epsilon-greedily."""
@@ -415,9 +485,12 @@ def evaluate(
     # Each env plays a fixed quota of games: keeping only the first games to finish would favour
     # short (bad) games.
     quota = np.array([eval_episodes // num_envs + (i < eval_episodes % num_envs) for i in range(num_envs)])
-    envs = make_envs(env_id, num_envs, repeat_action_probability)
+    envs = make_envs(env_id, num_envs, repeat_action_probability, max_episode_steps)
     stats = EpisodeStatistics(num_envs)
-    video = VideoRecorder(video_folder) if video_folder else None
+    if video_folder is not None:  # every evaluation game of env 0
+        video = VideoRecorder(
+            video_folder, env_id, seed, repeat_action_probability, max_episode_steps, schedule=lambda game: game < quota[0]
+        )
     rng = np.random.default_rng(seed)
     returns = [[] for _ in range(num_envs)]
     obs, _ = envs.reset(seed=seed)
@@ -425,12 +498,14 @@ def evaluate(
         actions = epsilon_greedy(q_network, obs, epsilon, rng, device)
         obs, reward, terminated, truncated, info = envs.step(actions)
         game_over = terminated | truncated
-        if video is not None and len(returns[0]) < quota[0]:
-            video.add(obs[0], bool(game_over[0]), info["final_obs"][0] if game_over[0] else None)
+        if video_folder is not None:
+            video.step(actions[0])
         for i, episodic_return, _ in stats.step(reward, game_over):
             if len(returns[i]) < quota[i]:
                 returns[i].append(episodic_return)
     envs.close()
+    if video_folder is not None:
+        video.close()
     return [r for env_returns in returns for r in env_returns]
 
 
@@ -438,7 +513,7 @@ def run_evaluation(args: Args, device, writer: SummaryWriter, run_name: str, q_n
     video_folder = f"videos/{run_name}-eval" if args.capture_video else None
     returns = evaluate(
         q_network, env_id, args.eval_episodes, device, args.eval_epsilon, args.seed,
-        args.repeat_action_probability, video_folder,
+        args.repeat_action_probability, args.max_episode_steps, video_folder,
     )
     for i, episodic_return in enumerate(returns):
         print(f"eval_episode={i}, episodic_return={episodic_return}")
@@ -451,28 +526,33 @@ def run_evaluation(args: Args, device, writer: SummaryWriter, run_name: str, q_n
 # Progress display
 # ---------------------------------------------------------------------------------------------
 class Progress:
-    """One progress line: live on a terminal; off one (log files, Slurm, nohup), a plain line at most
-    every `interval` seconds, and always on the first and the last call."""
+    """How far the run is, for whoever reads its output: a live line on a terminal; elsewhere (a
+    log file, Slurm, nohup, a container) a plain line at most every `interval` seconds, and
+    always the first and the last one."""
 
-    def __init__(self, total: int, interval: float):
-        self.total, self.interval, self.last_print = total, interval, None
+    def __init__(self, total_steps: int, interval: float):
+        self.total, self.interval, self.last_print = total_steps, interval, -float("inf")
+        self.on_terminal = sys.stderr.isatty()
 
-    def show(self, global_step: int, sps: int, recent_returns: deque, last: bool = False):
-        on_terminal = sys.stderr.isatty()
+    def show(self, global_step: int, sps: int, recent_returns: deque):
         now = time.time()
-        if not (on_terminal or last or self.last_print is None or now - self.last_print >= self.interval):
+        if not self.on_terminal and now - self.last_print < self.interval and global_step < self.total:
             return
         self.last_print = now
         recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
-        eta = int((self.total - global_step) / max(sps, 1))
+        eta = (self.total - global_step) / max(sps, 1)
         line = (
             f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
-            f" | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
+            f" | ETA {int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}"
         )
-        if on_terminal:
-            print(f"\r{line}   ", end="\n" if last else "", file=sys.stderr, flush=True)
+        if self.on_terminal:
+            print(f"\r{line}   ", end="", file=sys.stderr, flush=True)
         else:
             print(line, file=sys.stderr, flush=True)
+
+    def close(self):
+        if self.on_terminal:
+            print(file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -513,7 +593,7 @@ def main(args: Args):
         "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
     )
 
-    envs = make_envs(args.env_id, args.num_envs, args.repeat_action_probability)
+    envs = make_envs(args.env_id, args.num_envs, args.repeat_action_probability, args.max_episode_steps)
     num_actions = int(envs.single_action_space.n)
     q_network = QNetwork(num_actions).to(device).to(memory_format=torch.channels_last)
     optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate)
@@ -527,7 +607,11 @@ def main(args: Args):
     lives = info["lives"].copy()
     episode_stats = EpisodeStatistics(args.num_envs)
     recent_returns = deque(maxlen=20)
-    video = VideoRecorder(f"videos/{run_name}") if args.capture_video else None
+    if args.capture_video:
+        video = VideoRecorder(
+            f"videos/{run_name}", args.env_id, args.seed, args.repeat_action_probability, args.max_episode_steps,
+            track=args.track,
+        )
     num_vector_steps = args.total_timesteps // args.num_envs
     total_steps = num_vector_steps * args.num_envs
     progress = Progress(total_steps, args.progress_interval)
@@ -550,8 +634,8 @@ def main(args: Args):
         rb.add(actions, np.sign(reward), terminated | life_lost, next_obs, info.get("final_obs"), game_over)
         obs = next_obs
 
-        if video is not None:
-            video.add(next_obs[0], bool(game_over[0]), info["final_obs"][0] if game_over[0] else None)
+        if args.capture_video:
+            video.step(actions[0])
         # The env steps of one vector step count as consecutive global steps, env 0 first, so
         # every game is logged at a step of its own.
         for i, episodic_return, episodic_length in episode_stats.step(reward, game_over):
@@ -588,9 +672,12 @@ def main(args: Args):
                 writer.add_scalar("losses/td_loss", window_loss / window_updates, global_step)
                 writer.add_scalar("losses/q_values", window_q / window_updates, global_step)
                 window_loss, window_q, window_updates = 0.0, 0.0, 0
-            progress.show(global_step, sps, recent_returns, last=global_step == total_steps)
+            progress.show(global_step, sps, recent_returns)
 
+    progress.close()
     envs.close()
+    if args.capture_video:
+        video.close()
     recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
     print(
         f"finished {global_step} steps and {num_updates} updates, {sps} SPS, "
@@ -603,10 +690,6 @@ def main(args: Args):
         print(f"model saved to {model_path}")
         run_evaluation(args, device, writer, run_name, q_network, args.env_id)
     writer.close()
-    if args.track and args.capture_video:
-        import wandb
-
-        wandb.save(f"videos/{run_name}*/*.mp4", policy="now")
 
 
 if __name__ == "__main__":

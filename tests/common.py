@@ -38,11 +38,6 @@ DQN_TAGS = [
     "losses/q_values",
 ]
 
-# The progress line of CONVENTIONS.md, as tools parse it.
-PROGRESS_LINE = re.compile(
-    r"^([\d,]+)/([\d,]+) steps \| ([\d,]+) SPS \| return \(last (\d+)\) (\S+) \| ETA \d+:\d\d:\d\d$"
-)
-
 
 def run_script(script: str, *args: str, cwd, env: dict | None = None, timeout: int = 600, launcher=None):
     """Runs `cleanrl/{script}` with args in `cwd`; returns the CompletedProcess (text output)."""
@@ -177,17 +172,6 @@ def assert_corrupt_checkpoint_rejected(script: str, tmp_path):
     (tmp_path / "corrupt.cleanrl_model").write_bytes(b"not a checkpoint")
     result = run_script(script, "--eval-checkpoint", "corrupt.cleanrl_model", cwd=tmp_path)
     assert_user_error(result, "not a readable")
-
-
-def assert_progress_lines(stderr: str, total: int):
-    """Off a terminal, progress comes as plain lines on stderr in the shared format: at least the
-    first and the last call's, the last one at the end of the run."""
-    lines = [line for line in stderr.splitlines() if " steps | " in line]
-    assert len(lines) >= 2, stderr
-    for line in lines:
-        assert PROGRESS_LINE.match(line), line
-    done, announced_total = PROGRESS_LINE.match(lines[-1]).group(1, 2)
-    assert int(done.replace(",", "")) == int(announced_total.replace(",", "")) == total, lines[-1]
 
 
 def reference_td_target(reward, terminated, truncated, next_q, gamma):

@@ -9,8 +9,9 @@ import pytest
 import torch
 from common import (
     DQN_TAGS, assert_corrupt_checkpoint_rejected, assert_evaluation_printed, assert_linear_epsilon_schedule,
-    assert_progress_lines, assert_target_update_copies_or_averages, assert_td_target_matches_reference,
-    assert_user_error, read_scalars, run_dirs, run_script,
+    assert_progress_lines_off_a_terminal, assert_target_update_copies_or_averages, assert_td_target_matches_reference,
+    assert_user_error, assert_videos_show_whole_games_of_env_0, capped_cubic_games, read_scalars, recording_make_envs,
+    run_dirs, run_script,
 )
 
 import cleanrl.dqn_atari as dqn_atari
@@ -160,9 +161,14 @@ def test_the_memory_stores_one_uint8_frame_per_env_step():
     assert rb.frames.nbytes == 1000 * 84 * 84
 
 
-def test_a_game_of_breakout_is_five_learning_episodes(tmp_path, monkeypatch):
-    # Episodic life: done at each of the 4 lost lives while the game goes on, and at the game's end.
+def test_stored_steps_are_what_the_env_did_with_life_losses_and_terminations_done_and_time_limits_not(
+    tmp_path, monkeypatch
+):
+    # A real run (random play, a 150-step time limit) against the env's own step results: each
+    # stored step has the clipped reward, done at a life loss or a termination and not at a
+    # truncation, and a game over's next frame is the real last one.
     monkeypatch.chdir(tmp_path)
+    made = recording_make_envs(dqn_atari, monkeypatch)
     buffers = []
 
     class RecordedBuffer(dqn_atari.FrameReplayBuffer):
@@ -171,18 +177,27 @@ def test_a_game_of_breakout_is_five_learning_episodes(tmp_path, monkeypatch):
             buffers.append(self)
 
     monkeypatch.setattr(dqn_atari, "FrameReplayBuffer", RecordedBuffer)
-    # random play throughout (an untrained greedy policy may never press FIRE)
     dqn_atari.main(dqn_atari.Args(
-        total_timesteps=800, learning_starts=790, buffer_size=1000, end_e=1.0, cuda=False, progress_interval=1e9
+        num_envs=2, total_timesteps=1200, learning_starts=1190, buffer_size=2000, end_e=1.0, max_episode_steps=150,
+        cuda=False,
     ))
     (rb,) = buffers
-    game_starts = np.flatnonzero(rb.first[0])
-    assert len(game_starts) >= 3
-    for start, next_start in zip(game_starts, game_starts[1:]):
-        # slots start .. next_start - 2 are the game's steps, next_start - 1 its real last frame
-        dones = rb.dones[0, start : next_start - 1]
-        assert dones.sum() == 5 and dones[-1], (start, next_start)
-        assert not rb.valid[0, next_start - 1], "the last frame is no step of its own"
+    lives, slot = np.full(2, 5), np.zeros(2, dtype=np.int64)
+    seen = {"life loss": 0, "termination": 0, "truncation": 0}
+    for t, (reward, terminated, truncated, info) in enumerate(made[0].steps):
+        life_lost = (info["lives"] < lives) & ~(terminated | truncated)
+        lives = info["lives"]
+        for e in range(2):
+            assert rb.valid[e, slot[e]] and rb.rewards[e, slot[e]] == np.sign(reward[e]), (t, e)
+            assert rb.dones[e, slot[e]] == (terminated[e] or life_lost[e]), (t, e)
+            if terminated[e] or truncated[e]:
+                np.testing.assert_array_equal(rb.frames[e, slot[e] + 1], info["final_obs"][e, -1])
+                assert not rb.valid[e, slot[e] + 1] and rb.first[e, slot[e] + 2]
+        seen["life loss"] += life_lost.sum()
+        seen["termination"] += terminated.sum()
+        seen["truncation"] += (truncated & ~terminated).sum()
+        slot += 1 + (terminated | truncated)
+    assert min(seen.values()) > 0, seen
 
 
 def test_td_target_matches_a_plain_reference_with_done_and_truncation_masks():
@@ -218,7 +233,6 @@ def test_short_run_executes_its_updates_and_logs_every_tag(tmp_path):
     result = run_script("dqn_atari.py", *SHORT_RUN, cwd=tmp_path, env=ONE_THREAD)
     assert result.returncode == 0, result.stderr
     assert "finished 600 steps and 50 updates" in result.stdout
-    assert_progress_lines(result.stderr, total=600)
     scalars = read_scalars(run_dirs(tmp_path)[0])
     assert set(DQN_TAGS) <= set(scalars)
     # a loss point per 100 steps that held updates (the first update is at step 404)
@@ -252,20 +266,34 @@ def test_loaded_model_equals_saved_model(tmp_path):
     torch.testing.assert_close(loaded(obs), q_network(obs), rtol=0, atol=0)
 
 
-def test_capture_video_writes_an_mp4_of_a_whole_game(tmp_path):
-    result = run_script("dqn_atari.py", *SHORT_RUN, "--capture-video", cwd=tmp_path, env=ONE_THREAD)
-    assert result.returncode == 0, result.stderr
-    videos = glob.glob(str(tmp_path / "videos" / "*" / "game-*.mp4"))
-    assert videos and all(os.path.getsize(v) > 1000 for v in videos)
+def test_video_schedule_is_capped_cubic():
+    assert [game for game in range(3001) if dqn_atari.capped_cubic(game)] == capped_cubic_games(3001)
 
 
-def test_wandb_offline_run_is_created(tmp_path):
+def test_capture_video_writes_rgb_videos_of_whole_games_of_env_0(tmp_path):
+    # the time limit makes sure games 0 and 1 end within the run
     result = run_script(
-        "dqn_atari.py", "--total-timesteps", "200", "--learning-starts", "190", "--buffer-size", "1000", "--track",
-        cwd=tmp_path, env={**ONE_THREAD, "WANDB_DIR": str(tmp_path)},
+        "dqn_atari.py", *SHORT_RUN, "--max-episode-steps", "250", "--capture-video", cwd=tmp_path, env=ONE_THREAD
     )
     assert result.returncode == 0, result.stderr
-    assert glob.glob(str(tmp_path / "wandb" / "offline-run-*")), os.listdir(tmp_path)
+    # A video holds its game's first screen and one screen per step.
+    assert_videos_show_whole_games_of_env_0(tmp_path, num_envs=1, extra_screens=1)
+
+
+def test_wandb_offline_run_is_created_with_the_videos(tmp_path):
+    result = run_script(
+        "dqn_atari.py", "--total-timesteps", "300", "--learning-starts", "290", "--buffer-size", "1000",
+        "--max-episode-steps", "100", "--track", "--capture-video", cwd=tmp_path,
+        env={**ONE_THREAD, "WANDB_DIR": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr
+    (wandb_run,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
+    assert glob.glob(os.path.join(wandb_run, "files", "media", "videos", "**", "game_0_*.mp4"), recursive=True)
+
+
+def test_progress_lines_are_printed_off_a_terminal(tmp_path):
+    cheap_run = ["--total-timesteps", "300", "--learning-starts", "290", "--buffer-size", "1000", "--end-e", "1"]
+    assert_progress_lines_off_a_terminal("dqn_atari.py", cheap_run, ["100/300", "200/300"], tmp_path)
 
 
 @pytest.mark.parametrize(
