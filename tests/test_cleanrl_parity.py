@@ -1,8 +1,8 @@
 """A CleanRL user's command lines work here: every flag of CleanRL's script of the same name is
 accepted, with the same meaning and default, except the differences each docs page lists.
 
-The defaults below are those of CleanRL's scripts (the `Args` dataclasses of ppo.py, ppo_atari.py
-and ppo_atari_envpool.py in the vwxyzjn/cleanrl repository), written down as facts."""
+The defaults below are those of CleanRL's scripts (the `Args` dataclasses of ppo.py, ppo_atari.py,
+ppo_atari_envpool.py, dqn.py and dqn_atari.py in the vwxyzjn/cleanrl repository), written down as facts."""
 
 import dataclasses
 
@@ -10,6 +10,8 @@ import pytest
 import tyro
 from common import run_dirs, run_script
 
+import cleanrl.dqn as dqn
+import cleanrl.dqn_atari as dqn_atari
 import cleanrl.ppo as ppo
 import cleanrl.ppo_atari as ppo_atari
 import cleanrl.ppo_atari_envpool as ppo_atari_envpool
@@ -32,15 +34,30 @@ CLEANRL_DEFAULTS = {
         **EXPERIMENT, **PPO_ALGORITHM, env_id="Pong-v5", total_timesteps=10_000_000, num_envs=8, clip_coef=0.1,
     ),
 }
+DQN_ALGORITHM = dict(num_envs=1, gamma=0.99, tau=1.0, start_e=1.0, save_model=False)
+DQN_CLEANRL_DEFAULTS = {
+    dqn: dict(
+        **EXPERIMENT, **DQN_ALGORITHM, env_id="CartPole-v1", total_timesteps=500_000, learning_rate=2.5e-4,
+        buffer_size=10_000, target_network_frequency=500, batch_size=128, end_e=0.05, exploration_fraction=0.5,
+        learning_starts=10_000, train_frequency=10,
+    ),
+    dqn_atari: dict(
+        **EXPERIMENT, **DQN_ALGORITHM, env_id="BreakoutNoFrameskip-v4", total_timesteps=10_000_000,
+        learning_rate=1e-4, buffer_size=1_000_000, target_network_frequency=1000, batch_size=32, end_e=0.01,
+        exploration_fraction=0.10, learning_starts=80_000, train_frequency=4,
+    ),
+}
 # Where a default differs on purpose; each is explained in the script's docs page.
 DIFFERENT_DEFAULTS = {ppo_atari_envpool: {"env_id": "Breakout-v5"}}  # one game for all the Atari scripts
 
 
-@pytest.mark.parametrize("module", CLEANRL_DEFAULTS, ids=lambda m: m.__name__.split(".")[-1])
+@pytest.mark.parametrize(
+    "module", list(CLEANRL_DEFAULTS) + list(DQN_CLEANRL_DEFAULTS), ids=lambda m: m.__name__.split(".")[-1]
+)
 def test_every_cleanrl_flag_exists_with_cleanrl_default(module):
     args = tyro.cli(module.Args, args=[])
     fields = {field.name for field in dataclasses.fields(module.Args)}
-    for name, cleanrl_default in CLEANRL_DEFAULTS[module].items():
+    for name, cleanrl_default in {**CLEANRL_DEFAULTS, **DQN_CLEANRL_DEFAULTS}[module].items():
         assert name in fields, f"--{name.replace('_', '-')} is missing"
         expected = DIFFERENT_DEFAULTS.get(module, {}).get(name, cleanrl_default)
         assert getattr(args, name) == expected, name
@@ -64,6 +81,24 @@ def test_cleanrl_command_line_flags_parse_with_their_meaning(module):
     assert (args.torch_deterministic, args.norm_adv, args.clip_vloss, args.learning_rate) == (False, False, False, 1e-3)
 
 
+@pytest.mark.parametrize("module", DQN_CLEANRL_DEFAULTS, ids=lambda m: m.__name__.split(".")[-1])
+def test_cleanrl_dqn_command_line_flags_parse_with_their_meaning(module):
+    args = tyro.cli(
+        module.Args,
+        args=[
+            "--seed", "3", "--track", "--capture-video", "--no-cuda", "--save-model", "--num-envs", "2",
+            "--total-timesteps", "4096", "--learning-rate", "1e-3", "--buffer-size", "2000", "--gamma", "0.9",
+            "--tau", "0.5", "--target-network-frequency", "100", "--batch-size", "16", "--start-e", "0.9",
+            "--end-e", "0.1", "--exploration-fraction", "0.2", "--learning-starts", "500", "--train-frequency", "2",
+        ],
+    )
+    assert (args.seed, args.track, args.capture_video, args.cuda, args.save_model) == (3, True, True, False, True)
+    assert (args.num_envs, args.total_timesteps, args.learning_rate, args.buffer_size) == (2, 4096, 1e-3, 2000)
+    assert (args.gamma, args.tau, args.target_network_frequency, args.batch_size) == (0.9, 0.5, 100, 16)
+    assert (args.start_e, args.end_e, args.exploration_fraction) == (0.9, 0.1, 0.2)
+    assert (args.learning_starts, args.train_frequency) == (500, 2)
+
+
 @pytest.mark.parametrize(
     "script, command",
     [
@@ -75,6 +110,14 @@ def test_cleanrl_command_line_flags_parse_with_their_meaning(module):
         (
             "ppo_atari_envpool.py",
             ["--env-id", "Breakout-v5", "--seed", "1", "--total-timesteps", "256", "--num-envs", "2"],
+        ),
+        ("dqn.py", ["--env-id", "CartPole-v1", "--seed", "1", "--total-timesteps", "500", "--learning-starts", "400"]),
+        (
+            "dqn_atari.py",
+            [
+                "--env-id", "BreakoutNoFrameskip-v4", "--seed", "1", "--total-timesteps", "300", "--learning-starts",
+                "280", "--buffer-size", "1000",
+            ],
         ),
     ],
 )
