@@ -314,6 +314,7 @@ class FrameReplayBuffer:
         self.valid = np.zeros(shape, dtype=np.bool_)  # the slot's step is stored, with an intact stack
         self.pos = np.zeros(num_envs, dtype=np.int64)  # each env's slot of its current observation
         self.used = 0  # slots written so far in the fullest ring, up to slots_per_env
+        self.steps_added = 0
 
     def _write(self, envs: np.ndarray, slots: np.ndarray, frames: np.ndarray, first: bool):
         self.frames[envs, slots] = frames
@@ -347,6 +348,7 @@ class FrameReplayBuffer:
             new_game_slots = (self.pos[ended] + 1) % self.slots
             self._write(ended, new_game_slots, next_obs[ended, -1], first=True)
             self.pos[ended] = new_game_slots
+        self.steps_added += 1
 
     def gather(self, envs: np.ndarray, slots: np.ndarray) -> dict[str, np.ndarray]:
         """The transitions stored at (envs[b], slots[b]), stacks rebuilt: obs and next_obs (batch, 4, 84, 84)."""
@@ -365,7 +367,7 @@ class FrameReplayBuffer:
 
     def sample(self, batch_size: int, rng: np.random.Generator, device) -> dict[str, torch.Tensor]:
         """Uniform with replacement over the stored steps of all envs."""
-        assert self.valid.any(), "nothing stored yet"
+        assert self.steps_added > 0, "nothing stored yet"
         envs, slots = np.empty(0, np.int64), np.empty(0, np.int64)
         while len(envs) < batch_size:
             # Draw over the written slots and keep the valid ones: the few invalid slots (a game's
