@@ -1,8 +1,10 @@
 """Helpers shared by the tests: run a script, read its TensorBoard logs, a reference GAE, and the
 checks that every script of a family must pass."""
 
+import functools
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -90,6 +92,20 @@ def assert_user_error(result, *fragments: str):
         assert fragment in last_line, last_line
 
 
+def assert_main_fails_with(main, args, *fragments: str):
+    """main(args), called in this process, stops with a one-line `error: ...` message naming the
+    problem (what `fail()` gives the shell as stderr and exit status 1). Cheaper than a subprocess
+    per case; `assert_user_error` checks the whole path once per script."""
+    import pytest
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    message = exit_info.value.code
+    assert isinstance(message, str) and message.startswith("error:") and "\n" not in message, message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
 def assert_saved_model_loads_identically(module, tmp_path):
     """A torch script's save_model -> load_model keeps the weights bit for bit and the args."""
     import torch
@@ -137,3 +153,41 @@ def assert_corrupt_checkpoint_rejected(script: str, tmp_path):
     (tmp_path / "corrupt.cleanrl_model").write_bytes(b"not a checkpoint")
     result = run_script(script, "--eval-checkpoint", "corrupt.cleanrl_model", cwd=tmp_path)
     assert_user_error(result, "not a readable")
+
+
+# The plain progress line of CONVENTIONS.md, printed on stderr off a terminal.
+PROGRESS_LINE = re.compile(
+    r"^([\d,]+)/([\d,]+) steps \| ([\d,]+) SPS \| return \(last (\d+)\) (\S+) \| ETA \d+:\d\d:\d\d$"
+)
+
+
+def progress_steps(stderr: str) -> list[int]:
+    """The global steps of the plain progress lines in a script's stderr. Every line that starts
+    like one (`N/M steps | `) must have the whole format, and the recent return is `-` or a number
+    with 2 decimals."""
+    steps = []
+    for line in stderr.splitlines():
+        if not re.match(r"^[\d,]+/[\d,]+ steps \| ", line):
+            continue
+        match = PROGRESS_LINE.match(line)
+        assert match, f"malformed progress line: {line!r}"
+        assert "\r" not in line
+        recent = match.group(5)
+        assert recent == "-" or re.fullmatch(r"-?\d+\.\d\d", recent), line
+        steps.append(int(match.group(1).replace(",", "")))
+    return steps
+
+
+@functools.cache
+def mujoco_offscreen_rendering_error() -> str | None:
+    """Why MuJoCo cannot render offscreen here (EGL, as the scripts choose without a display), or
+    None when it can. Probed once, in a fresh process, as a script would do it."""
+    probe = (
+        "import os; os.environ.setdefault('MUJOCO_GL', 'egl'); import gymnasium as gym; "
+        "env = gym.make('InvertedPendulum-v5', render_mode='rgb_array'); env.reset(seed=0); "
+        "assert env.render().shape[-1] == 3"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    if result.returncode == 0:
+        return None
+    return (result.stderr.strip().splitlines() or ["unknown error"])[-1]
