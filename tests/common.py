@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import gymnasium as gym
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -191,3 +192,37 @@ def mujoco_offscreen_rendering_error() -> str | None:
     if result.returncode == 0:
         return None
     return (result.stderr.strip().splitlines() or ["unknown error"])[-1]
+
+
+def eval_returns(stdout: str) -> list[float]:
+    """The returns an evaluation printed, one `eval_episode=i, episodic_return=R` line per episode."""
+    return [float(x) for x in re.findall(r"eval_episode=\d+, episodic_return=(\S+)", stdout)]
+
+
+class StepCountEnv(gym.Env):
+    """A continuous-control env whose every number is known: the observation is [t, 1], t the step
+    within the episode; the reward of step t is t; it terminates after exactly `length` steps (never,
+    if length is None). Actions must lie in the asymmetric bounds [-2, 2] x [0, 1]."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float64)
+    action_space = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32))
+
+    def __init__(self, length: int | None = None):
+        self.length = length
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0, 1.0]), {}
+
+    def step(self, action):
+        assert self.action_space.contains(np.asarray(action, np.float32)), f"action {action} out of bounds"
+        self.t += 1
+        terminated = self.length is not None and self.t >= self.length
+        return np.array([float(self.t), 1.0]), float(self.t), terminated, False, {}
+
+
+# Cut by a time limit after 4 steps, or terminated after 5.
+gym.register("StepCountTruncatedAfter4-v0", entry_point=StepCountEnv, max_episode_steps=4)
+gym.register("StepCountTerminatesAfter5-v0", entry_point=StepCountEnv, kwargs={"length": 5})
