@@ -402,6 +402,16 @@ def run_evaluation(args: Args, env_id: str, agent: Agent, obs_rms: RunningMeanSt
     return returns
 
 
+def upload_videos(run_name: str):
+    """Uploads the training and evaluation videos to the wandb run; by hand, because wandb's
+    monitor_gym patch breaks on gymnasium 1.x's RecordVideo."""
+    import wandb
+
+    for folder in (f"videos/{run_name}", f"videos/{run_name}-eval"):
+        if os.path.isdir(folder):
+            wandb.save(f"{folder}/*.mp4", policy="now")
+
+
 # ---------------------------------------------------------------------------------------------
 # Progress display
 # ---------------------------------------------------------------------------------------------
@@ -505,6 +515,8 @@ def main(args: Args):
     if args.eval_checkpoint is not None:
         run_evaluation(args, env_id, agent, obs_rms, device, writer, run_name)
         writer.close()
+        if args.track and args.capture_video:
+            upload_videos(run_name)
         return
 
     obs_dim = envs.single_observation_space.shape[0]
@@ -646,10 +658,7 @@ def main(args: Args):
         run_evaluation(args, env_id, agent, obs_rms, device, writer, run_name)
     writer.close()
     if args.track and args.capture_video:
-        # uploaded by hand: wandb's monitor_gym patch breaks on gymnasium 1.x RecordVideo
-        for folder in (f"videos/{run_name}", f"videos/{run_name}-eval"):
-            if os.path.isdir(folder):
-                wandb.save(f"{folder}/*.mp4", policy="now")
+        upload_videos(run_name)
 
 
 if __name__ == "__main__":

@@ -293,6 +293,16 @@ def run_evaluation(args: Args, env_id: str, actor: Actor, device, writer: Summar
     return returns
 
 
+def upload_videos(run_name: str):
+    """Uploads the training and evaluation videos to the wandb run; by hand, because wandb's
+    monitor_gym patch breaks on gymnasium 1.x's RecordVideo."""
+    import wandb
+
+    for folder in (f"videos/{run_name}", f"videos/{run_name}-eval"):
+        if os.path.isdir(folder):
+            wandb.save(f"{folder}/*.mp4", policy="now")
+
+
 # ---------------------------------------------------------------------------------------------
 # Progress display
 # ---------------------------------------------------------------------------------------------
@@ -397,6 +407,8 @@ def main(args: Args):
     if args.eval_checkpoint is not None:
         run_evaluation(args, env_id, actor, device, writer, run_name)
         writer.close()
+        if args.track and args.capture_video:
+            upload_videos(run_name)
         return
 
     obs_dim, action_dim = env.observation_space.shape[0], env.action_space.shape[0]
@@ -524,10 +536,7 @@ def main(args: Args):
         run_evaluation(args, env_id, actor, device, writer, run_name)
     writer.close()
     if args.track and args.capture_video:
-        # uploaded by hand: wandb's monitor_gym patch breaks on gymnasium 1.x RecordVideo
-        for folder in (f"videos/{run_name}", f"videos/{run_name}-eval"):
-            if os.path.isdir(folder):
-                wandb.save(f"{folder}/*.mp4", policy="now")
+        upload_videos(run_name)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ checks that every script of a family must pass."""
 
 import functools
 import glob
+import io
 import os
 import re
 import subprocess
@@ -226,3 +227,45 @@ class StepCountEnv(gym.Env):
 # Cut by a time limit after 4 steps, or terminated after 5.
 gym.register("StepCountTruncatedAfter4-v0", entry_point=StepCountEnv, max_episode_steps=4)
 gym.register("StepCountTerminatesAfter5-v0", entry_point=StepCountEnv, kwargs={"length": 5})
+
+
+class FakeStderr(io.StringIO):
+    def __init__(self, tty: bool):
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def assert_progress_follows_the_convention(progress_class, monkeypatch):
+    """A script's Progress(total, interval).show(global_step, sps, recent_returns, last): on a
+    terminal a live `\\r` line per call and a newline after the last; off one, plain lines, at most
+    one per interval but always the first and the last; the text of CONVENTIONS.md."""
+    from collections import deque
+
+    calls = [(1000, 1234, deque()), (2000, 1500, deque([1.0, 2.0])), (3000, 1500, deque([1.0, 2.0, 4.5]))]
+    expected = [
+        "1,000/3,000 steps | 1,234 SPS | return (last 0) - | ETA 0:00:01",
+        "2,000/3,000 steps | 1,500 SPS | return (last 2) 1.50 | ETA 0:00:00",
+        "3,000/3,000 steps | 1,500 SPS | return (last 3) 2.50 | ETA 0:00:00",
+    ]
+    for tty, interval, lines in [(False, 3600.0, [expected[0], expected[2]]), (False, 0.0, expected), (True, 3600.0, None)]:
+        stderr = FakeStderr(tty)
+        monkeypatch.setattr(sys, "stderr", stderr)
+        progress = progress_class(3000, interval)
+        for i, (step, sps, recent) in enumerate(calls):
+            progress.show(step, sps, recent, last=i == len(calls) - 1)
+        monkeypatch.undo()
+        output = stderr.getvalue()
+        if tty:
+            assert output.count("\r") == 3 and output.endswith("\n") and output.count("\n") == 1, repr(output)
+            assert [part.rstrip() for part in output.strip().split("\r") if part] == expected
+        else:
+            assert output.splitlines() == lines and "\r" not in output, repr(output)
+    hours = progress_class(10_000_000, 0.0)
+    stderr = FakeStderr(False)
+    monkeypatch.setattr(sys, "stderr", stderr)
+    hours.show(1_000_000, 100, deque([-3.0]), last=True)
+    monkeypatch.undo()
+    assert stderr.getvalue() == "1,000,000/10,000,000 steps | 100 SPS | return (last 1) -3.00 | ETA 25:00:00\n"

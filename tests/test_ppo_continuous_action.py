@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from common import (
+    assert_progress_follows_the_convention,
     PPO_TAGS, assert_gae_matches_reference, assert_main_fails_with, assert_user_error, eval_returns,
     mujoco_offscreen_rendering_error, progress_steps, read_scalars, run_dirs, run_script,
 )
@@ -331,6 +332,10 @@ def test_capture_video_records_episodes_0_1_8_of_env_0_and_uploads_them(tracked_
     assert all(os.path.getsize(v) > 1000 for v in glob.glob(str(tracked_run / "videos" / "*" / "*.mp4")))
     uploaded = glob.glob(str(tracked_run / "wandb" / "offline-run-*" / "files" / "videos" / "*" / "*.mp4"))
     assert sorted(os.path.basename(v) for v in uploaded) == videos
+
+
+def test_progress_line_follows_the_convention_on_and_off_a_terminal(monkeypatch):
+    assert_progress_follows_the_convention(pca.Progress, monkeypatch)
 
 
 # ---------------------------------------------------------------------------------------------

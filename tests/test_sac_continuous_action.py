@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from common import (
+    assert_progress_follows_the_convention,
     assert_main_fails_with, assert_user_error, eval_returns, mujoco_offscreen_rendering_error, progress_steps, read_scalars,
     run_dirs, run_script,
 )
@@ -354,6 +355,10 @@ def test_capture_video_records_episodes_0_1_8_and_uploads_them(tracked_run):
     assert all(os.path.getsize(v) > 1000 for v in paths)
     uploaded = glob.glob(str(tracked_run / "wandb" / "offline-run-*" / "files" / "videos" / "*" / "*.mp4"))
     assert sorted(os.path.basename(v) for v in uploaded) == videos
+
+
+def test_progress_line_follows_the_convention_on_and_off_a_terminal(monkeypatch):
+    assert_progress_follows_the_convention(sac.Progress, monkeypatch)
 
 
 # ---------------------------------------------------------------------------------------------
