@@ -27,11 +27,38 @@ PPO_TAGS = [
 ]
 
 
+# A stand-in training script that prints the scripts' progress lines (for the benchmark tools' tests).
+FAKE_TRAIN = os.path.join(REPO_ROOT, "tests", "fake_train.py")
+
+
+def subprocess_environment(env: dict | None = None) -> dict:
+    return {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **(env or {})}
+
+
 def run_script(script: str, *args: str, cwd, env: dict | None = None, timeout: int = 600, launcher=None):
     """Runs `cleanrl/{script}` with args in `cwd`; returns the CompletedProcess (text output)."""
     command = (launcher or [sys.executable]) + [os.path.join(REPO_ROOT, "cleanrl", script), *args]
-    full_env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        command, cwd=cwd, env=subprocess_environment(env), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def run_tool(tool: str, *args: str, cwd, env: dict | None = None, timeout: int = 120):
+    """Runs `benchmark/{tool}` with args in `cwd`; returns the CompletedProcess (text output)."""
+    command = [sys.executable, os.path.join(REPO_ROOT, "benchmark", tool), *args]
+    return subprocess.run(
+        command, cwd=cwd, env=subprocess_environment(env), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def is_alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie (a zombie has exited and only waits to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def run_dirs(cwd) -> list[str]:
