@@ -164,3 +164,47 @@ def assert_corrupt_checkpoint_rejected(script: str, tmp_path):
     (tmp_path / "corrupt.cleanrl_model").write_bytes(b"not a checkpoint")
     result = run_script(script, "--eval-checkpoint", "corrupt.cleanrl_model", cwd=tmp_path)
     assert_user_error(result, "not a readable")
+
+
+class RecordingEnvs:
+    """Wraps a script's vector env and keeps what every step returned, so a test can hold the
+    script's rollout against what the environment really did. steps[t] = (reward, terminated,
+    truncated, info) of vector step t, as numpy copies."""
+
+    def __init__(self, envs):
+        self.envs, self.steps = envs, []
+
+    def __getattr__(self, name):
+        return getattr(self.envs, name)
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, info = self.envs.step(actions)
+        copied_info = {key: np.array(value, copy=True) for key, value in info.items()}
+        self.steps.append((reward.copy(), terminated.copy(), truncated.copy(), copied_info))
+        return obs, reward, terminated, truncated, info
+
+
+def recording_make_envs(module, monkeypatch) -> list[RecordingEnvs]:
+    """Makes every `module.make_envs(...)` call return a RecordingEnvs; returns the list of them."""
+    made, real_make_envs = [], module.make_envs
+
+    def make_envs(*args, **kwargs):
+        made.append(RecordingEnvs(real_make_envs(*args, **kwargs)))
+        return made[-1]
+
+    monkeypatch.setattr(module, "make_envs", make_envs)
+    return made
+
+
+def mp4_frames(path: str) -> np.ndarray:
+    """The frames of an mp4 file: (frames, height, width, 3) uint8."""
+    import imageio_ffmpeg
+
+    reader = imageio_ffmpeg.read_frames(path)
+    width, height = next(reader)["size"]
+    return np.stack([np.frombuffer(frame, np.uint8).reshape(height, width, 3) for frame in reader])
+
+
+def capped_cubic_games(limit: int) -> list[int]:
+    """The games that the capped cubic video schedule records, below `limit`."""
+    return [k**3 for k in range(10) if k**3 < min(limit, 1000)] + list(range(1000, limit, 1000))
