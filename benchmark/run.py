@@ -377,8 +377,8 @@ def run_locally(runs: list[Run], workers: int, log_dir: str, status_interval: fl
         while queue or running:
             while queue and len(running) < workers:
                 run = queue.pop(0)
+                running.append(run)  # before it starts: a Ctrl-C from here on stops it too
                 start(run, log_dir, threads_per_run(cores, workers, run.processes))
-                running.append(run)
                 display.started(run)
             time.sleep(0.2)
             for run in list(running):
@@ -390,6 +390,7 @@ def run_locally(runs: list[Run], workers: int, log_dir: str, status_interval: fl
             display.update()
     except (KeyboardInterrupt, Interrupted):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        running = [run for run in running if run.process is not None]
         stop(running, stop_timeout, display)
         display.close()
         not_started = f", {len(queue)} not started" if queue else ""
