@@ -3,6 +3,8 @@ checks that every script of a family must pass."""
 
 import glob
 import os
+import re
+import socket
 import subprocess
 import sys
 
@@ -59,6 +61,29 @@ def is_alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat[stat.rindex(")") + 2] != "Z"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop(process: subprocess.Popen):
+    """Ends a torchrun launch. torchrun starts its workers in sessions of their own, out of reach of a
+    kill of torchrun alone; on SIGTERM it stops them itself. SIGKILL if that does not do it."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def rank_lines(output: str, pattern: str) -> dict[int, re.Match]:
+    """The matches of a per-rank message `rank R...` in a run's output, by rank."""
+    return {int(m["rank"]): m for m in re.finditer(pattern, output)}
 
 
 def run_dirs(cwd) -> list[str]:
@@ -208,3 +233,35 @@ def mp4_frames(path: str) -> np.ndarray:
 def capped_cubic_games(limit: int) -> list[int]:
     """The games that the capped cubic video schedule records, below `limit`."""
     return [k**3 for k in range(10) if k**3 < min(limit, 1000)] + list(range(1000, limit, 1000))
+
+
+def assert_videos_show_whole_games_of_env_0(cwd, num_envs: int, extra_screens: int):
+    """A --capture-video run wrote games 0 and 1 of env 0 (the schedule's first two) as 210x160 RGB
+    mp4 files, each with one screen per step of its game plus `extra_screens` (the first screen,
+    and whatever screens the env shows on steps that are not counted in the game's length)."""
+    lengths = read_scalars(run_dirs(cwd)[0])["charts/episodic_length"]
+    # Env 0's games are logged at the global steps 1, 1 + num_envs, ... of each vector step.
+    env0_lengths = [int(length) for step, length in lengths if (step - 1) % num_envs == 0]
+    videos = sorted(glob.glob(os.path.join(str(cwd), "videos", "*", "game-*.mp4")))
+    assert [os.path.basename(v) for v in videos[:2]] == ["game-0.mp4", "game-1.mp4"], videos
+    assert env0_lengths, "env 0 finished no game"
+    for video, length in zip(videos, env0_lengths):
+        frames = mp4_frames(video)
+        assert frames.shape[1:] == (210, 160, 3)
+        assert frames.std(axis=-1).mean() > 1, "colour frames"
+        assert len(frames) == length + extra_screens, video
+
+
+def assert_progress_lines_off_a_terminal(script: str, short_run: list[str], first_steps: list[str], cwd):
+    """Off a terminal a script prints a plain progress line per interval (here 0 s: every
+    iteration), and with a long interval still the first and the last one."""
+    result = run_script(script, *short_run, "--progress-interval", "0", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if " SPS | return (last " in line]
+    total = first_steps[0].split("/")[1]
+    assert [line.split(" steps")[0] for line in lines] == first_steps + [f"{total}/{total}"]
+    assert all(re.search(r"\| ETA \d+:\d\d:\d\d$", line) for line in lines), lines
+    rare = run_script(script, *short_run, "--progress-interval", "3600", cwd=cwd)
+    assert [line.split(" steps")[0] for line in rare.stderr.splitlines() if " SPS | " in line] == [
+        first_steps[0], f"{total}/{total}"
+    ], "the first and the last line, whatever the interval"

@@ -2,14 +2,14 @@
 
 import glob
 import os
-import re
 
 import ale_py
 import numpy as np
 import pytest
 import torch
 from common import (
-    assert_corrupt_checkpoint_rejected, capped_cubic_games, mp4_frames, recording_make_envs, assert_evaluation_printed, assert_gae_matches_reference,
+    assert_corrupt_checkpoint_rejected, assert_progress_lines_off_a_terminal, assert_videos_show_whole_games_of_env_0, capped_cubic_games,
+    recording_make_envs, assert_evaluation_printed, assert_gae_matches_reference,
     assert_saved_model_loads_identically, assert_short_atari_run_logged, assert_user_error, read_scalars, run_dirs,
     run_script,
 )
@@ -203,6 +203,17 @@ def test_rollout_ends_episodes_at_life_losses_and_bootstraps_only_time_limits(tm
     assert life_losses > 0 and truncations > 0, (life_losses, truncations)
 
 
+def test_wandb_offline_run_is_created_with_the_videos(tmp_path):
+    result = run_script(
+        "ppo_atari.py", *SHORT_RUN[:-1], "512", "--track", "--capture-video", cwd=tmp_path,
+        env={"WANDB_DIR": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr
+    (wandb_run,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
+    # game 0 of env 0 ends within 256 steps of random play; its video is logged as wandb media
+    assert glob.glob(os.path.join(wandb_run, "files", "media", "videos", "**", "game_0_*.mp4"), recursive=True)
+
+
 def test_video_schedule_is_capped_cubic():
     assert [game for game in range(3001) if ppo_atari.capped_cubic(game)] == capped_cubic_games(3001)
 
@@ -210,29 +221,12 @@ def test_video_schedule_is_capped_cubic():
 def test_capture_video_writes_rgb_videos_of_whole_games_of_env_0(tmp_path):
     result = run_script("ppo_atari.py", *SHORT_RUN, "--capture-video", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    # Env 0's games, logged at the global steps 1, 3, 5, ... of each vector step (2 envs).
-    lengths = read_scalars(run_dirs(tmp_path)[0])["charts/episodic_length"]
-    env0_lengths = [int(length) for step, length in lengths if (step - 1) % 2 == 0]
-    videos = sorted(glob.glob(str(tmp_path / "videos" / "*" / "game-*.mp4")))
-    assert [os.path.basename(v) for v in videos[:2]] == ["game-0.mp4", "game-1.mp4"]  # games 0 and 1 are scheduled
-    for k, video in enumerate(videos[: len(env0_lengths)]):
-        frames = mp4_frames(video)
-        # The real game in colour: 210x160 RGB, its first screen and one per agent step.
-        assert frames.shape[1:] == (210, 160, 3)
-        assert frames.std(axis=-1).mean() > 1, "colour frames"
-        assert len(frames) == env0_lengths[k] + 1, video
+    # A video holds its game's first screen and one screen per step.
+    assert_videos_show_whole_games_of_env_0(tmp_path, num_envs=2, extra_screens=1)
 
 
 def test_progress_lines_are_printed_off_a_terminal(tmp_path):
-    result = run_script("ppo_atari.py", *SHORT_RUN, "--progress-interval", "0", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    lines = [line for line in result.stderr.splitlines() if " SPS | return (last " in line]
-    assert [line.split(" steps")[0] for line in lines] == ["256/1,024", "512/1,024", "768/1,024", "1,024/1,024"]
-    assert all(re.search(r"\| ETA \d+:\d\d:\d\d$", line) for line in lines), lines
-    rare = run_script("ppo_atari.py", *SHORT_RUN, "--progress-interval", "3600", cwd=tmp_path)
-    assert [line.split(" steps")[0] for line in rare.stderr.splitlines() if " SPS | " in line] == [
-        "256/1,024", "1,024/1,024"
-    ], "the first and the last line, whatever the interval"
+    assert_progress_lines_off_a_terminal("ppo_atari.py", SHORT_RUN, ["256/1,024", "512/1,024", "768/1,024"], tmp_path)
 
 
 @pytest.mark.parametrize(
