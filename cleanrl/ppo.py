@@ -11,6 +11,7 @@ import os
 import random
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -42,7 +43,9 @@ class Args:
     wandb_entity: str | None = None
     """the W&B entity (team); None means your default entity"""
     capture_video: bool = False
-    """if toggled, record videos of env 0 to `videos/{run_name}/`"""
+    """if toggled, episodes 0, 1, 8, 27, ..., then every 1000th of env 0 are recorded to `videos/{run_name}/`"""
+    progress_interval: float = 30.0
+    """seconds between plain progress lines when stderr is not a terminal (log files, Slurm, nohup)"""
 
     # environment
     env_id: str = "CartPole-v1"
@@ -210,6 +213,36 @@ def compute_gae(
     return advantages, advantages + values
 
 
+class Progress:
+    """How far the run is, for whoever reads its output: a live line on a terminal; elsewhere (a
+    log file, Slurm, nohup, a container) a plain line at most every `interval` seconds, and
+    always the first and the last one."""
+
+    def __init__(self, total_steps: int, interval: float):
+        self.total, self.interval, self.last_print = total_steps, interval, -float("inf")
+        self.on_terminal = sys.stderr.isatty()
+
+    def show(self, global_step: int, sps: int, recent_returns: deque):
+        now = time.time()
+        if not self.on_terminal and now - self.last_print < self.interval and global_step < self.total:
+            return
+        self.last_print = now
+        recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
+        eta = (self.total - global_step) / max(sps, 1)
+        line = (
+            f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
+            f" | ETA {int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}"
+        )
+        if self.on_terminal:
+            print(f"\r{line}   ", end="", file=sys.stderr, flush=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def close(self):
+        if self.on_terminal:
+            print(file=sys.stderr)
+
+
 def main(args: Args) -> None:
     args.batch_size = args.num_envs * args.num_steps
     if args.num_minibatches < 1 or args.batch_size % args.num_minibatches != 0:
@@ -278,6 +311,8 @@ def main(args: Args) -> None:
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
 
     episode_stats = EpisodeStatistics(args.num_envs)
+    recent_returns = deque(maxlen=20)
+    progress = Progress(args.num_iterations * args.batch_size, args.progress_interval)
     global_step = 0
     start_time = time.time()
     next_obs = torch.as_tensor(first_obs, dtype=torch.float32, device=device)
@@ -321,6 +356,7 @@ def main(args: Args) -> None:
             # so every episode is logged at a step of its own
             for env_index, episodic_return, episodic_length in episode_stats.update(reward, episode_done):
                 env_global_step = global_step - args.num_envs + env_index + 1
+                recent_returns.append(episodic_return)
                 writer.add_scalar("charts/episodic_return", episodic_return, env_global_step)
                 writer.add_scalar("charts/episodic_length", episodic_length, env_global_step)
 
@@ -395,14 +431,19 @@ def main(args: Args) -> None:
         writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
         writer.add_scalar("losses/clipfrac", np.mean(clipfracs), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        progress.show(global_step, sps, recent_returns)
 
+    progress.close()
     envs.close()  # also finishes the last video
     writer.close()
     if args.track and args.capture_video:
         # uploaded by hand: wandb's monitor_gym patch breaks on gymnasium 1.x RecordVideo
         wandb.save(f"videos/{run_name}/*.mp4", policy="now")
-    sps = int(global_step / (time.time() - start_time))
-    print(f"finished {args.num_iterations} iterations, {global_step} steps, {sps} SPS")
+    recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
+    print(
+        f"finished {args.num_iterations} iterations, {global_step} steps, {sps} SPS, "
+        f"mean return of the last {len(recent_returns)} episodes {recent}"
+    )
 
 
 if __name__ == "__main__":

@@ -8,8 +8,10 @@ Docs: docs/ppo_atari_envpool.md
 """
 
 import os
+import queue
 import random
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -43,7 +45,7 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of the wandb project"""
     capture_video: bool = False
-    """if toggled, whole games of env 0 are saved as mp4 files to `videos/{run_name}/`"""
+    """if toggled, games 0, 1, 8, 27, ..., then every 1000th game of env 0 are saved as RGB mp4 files to `videos/{run_name}/`"""
     save_model: bool = False
     """if toggled, the model is saved to `runs/{run_name}/{exp_name}.cleanrl_model` and evaluated"""
     eval_checkpoint: str | None = None
@@ -52,6 +54,8 @@ class Args:
     """the number of full games played by the evaluation"""
     mixed_precision: Literal["none", "bf16"] = "none"
     """bf16 autocasts the network's forward passes; loss, advantages and optimizer stay fp32"""
+    progress_interval: float = 30.0
+    """seconds between plain progress lines when stderr is not a terminal (log files, Slurm, nohup)"""
 
     # Environment
     env_id: str = "Breakout-v5"
@@ -125,7 +129,7 @@ def envpool_task(env_id: str) -> str:
 
 def make_envs(
     env_id: str, num_envs: int, repeat_action_probability: float, seed: int, max_episode_steps: int = 27_000,
-    noop_max: int = 30,
+    noop_max: int = 30, rgb_frames: bool = False,
 ):
     # Environment i is seeded with seed + i (envpool ignores reset(seed=...)). Synchronous:
     # batch_size = num_envs, so each step returns every environment in order.
@@ -133,6 +137,8 @@ def make_envs(
     # its remaining lives; FIRE is pressed on the reset step after it; info["terminated"] marks the
     # real game over. reward_clip: the returned reward is sign(reward), info["reward"] the raw one.
     # noop_max=0 crashes envpool 1.2.5; noop_max=1 means no no-op starts.
+    # rgb_frames: the same games, seen as full 210x160 RGB screens instead of the agent's stack of
+    # 84x84 grayscale frames (for videos).
     return envpool.make(
         envpool_task(env_id),
         env_type="gymnasium",
@@ -145,10 +151,10 @@ def make_envs(
         noop_max=noop_max,
         frame_skip=4,
         use_fire_reset=True,
-        img_height=84,
-        img_width=84,
-        gray_scale=True,
-        stack_num=4,
+        img_height=210 if rgb_frames else 84,
+        img_width=160 if rgb_frames else 84,
+        gray_scale=not rgb_frames,
+        stack_num=1 if rgb_frames else 4,
         episodic_life=True,
         reward_clip=True,
     )
@@ -176,27 +182,83 @@ class EpisodeStatistics:
         return finished
 
 
+def capped_cubic(game: int) -> bool:
+    """Games 0, 1, 8, 27, ..., 729, then every 1000th: many videos early, few in a long run."""
+    return round(game ** (1 / 3)) ** 3 == game if game < 1000 else game % 1000 == 0
+
+
 class VideoRecorder:
-    """Writes each whole game of env 0 as an mp4 of what the agent sees (the newest 84x84 frame)."""
+    """Records games of env 0 as RGB mp4 files, `{folder}/game-{k}.mp4` for the k-th game.
 
-    def __init__(self, folder: str, fps: int = 30):
+    The agent's envpool returns only 84x84 grayscale stacks, so a one-env shadow of env 0 (same
+    game, seed and settings, full 210x160 RGB screens) is given env 0's actions and plays the
+    identical game. Frames stream to a background thread that encodes them with ffmpeg as they
+    come: training never waits for an encoder, and a long game is never held in memory.
+    `close()` finishes the last file; under --track each finished file goes to wandb.
+    A video holds every screen of its game: the first, one per step, and the screens of the reset
+    steps after each lost life (envpool presses FIRE there).
+    """
+
+    def __init__(self, folder, env_id, seed, repeat_action_probability, max_episode_steps, schedule=capped_cubic,
+                 track: bool = False, fps: int = 30):
+        import imageio_ffmpeg  # imported here: only video runs pay for it
+
         os.makedirs(folder, exist_ok=True)
-        self.folder, self.fps, self.frames, self.games = folder, fps, [], 0
+        self.folder, self.schedule, self.game, self.track, self.fps = folder, schedule, 0, track, fps
+        self.shadow = make_envs(env_id, 1, repeat_action_probability, seed, max_episode_steps, rgb_frames=True)
+        screen, _ = self.shadow.reset()
+        self.frames = queue.Queue(maxsize=1000)  # bounded: a stalled encoder slows training, never fills memory
+        self.encoder = threading.Thread(target=self.encode, args=(imageio_ffmpeg,), daemon=True)
+        self.encoder.start()
+        self.start_game(screen)
+        self.game_over = False
 
-    def add(self, obs_env0: np.ndarray, game_over: bool):
-        # envpool returns a game's real last observation at its game-over step (the next game's
-        # first one comes on the following reset step), so every frame belongs to the game.
-        self.frames.append(obs_env0[-1])
-        if game_over:
-            self.write()
+    def start_game(self, screen):
+        self.recording = self.schedule(self.game)
+        if self.recording:
+            self.frames.put(os.path.join(self.folder, f"game-{self.game}.mp4"))
+            self.frames.put(screen[0].transpose(1, 2, 0))
 
-    def write(self):
-        from moviepy import ImageSequenceClip  # imported here: only video runs pay for it
+    def step(self, action_env0: int):
+        screen, _, _, truncated, info = self.shadow.step(np.array([action_env0]))
+        if self.game_over:  # the reset step after a game over brings the next game's first screen
+            self.game += 1
+            self.start_game(screen)
+        elif self.recording:
+            self.frames.put(screen[0].transpose(1, 2, 0))
+        self.game_over = bool(info["terminated"][0] or truncated[0])
+        if self.game_over and self.recording:
+            self.frames.put(None)  # end of this file
 
-        frames = [np.repeat(np.repeat(f, 2, 0), 2, 1)[..., None].repeat(3, -1) for f in self.frames]
-        path = os.path.join(self.folder, f"game-{self.games}.mp4")
-        ImageSequenceClip(frames, fps=self.fps).write_videofile(path, logger=None)
-        self.frames, self.games = [], self.games + 1
+    def encode(self, imageio_ffmpeg):
+        writer, path = None, None
+        while True:
+            item = self.frames.get()
+            if isinstance(item, str):
+                path = item
+                writer = imageio_ffmpeg.write_frames(path, (160, 210), fps=self.fps, macro_block_size=1)
+                writer.send(None)  # starts ffmpeg
+            elif item is None or item is STOP:
+                if writer is not None:
+                    writer.close()
+                    if self.track and item is None:
+                        import wandb
+
+                        wandb.log({"videos/game": wandb.Video(path, format="mp4")}, commit=False)
+                writer = None
+                if item is STOP:
+                    return
+            else:
+                writer.send(np.ascontiguousarray(item))
+
+    def close(self):
+        """Waits for the encoder. A game still being played is kept up to its last frame so far."""
+        self.frames.put(STOP)
+        self.encoder.join()
+        self.shadow.close()
+
+
+STOP = object()  # tells the encoder thread to finish
 
 
 # ---------------------------------------------------------------------------------------------
@@ -385,22 +447,28 @@ def evaluate(
     # life, so an agent trained on it may never have learned to launch the ball itself.
     envs = make_envs(env_id, num_envs, repeat_action_probability, seed, max_episode_steps)
     stats = EpisodeStatistics(num_envs)
-    video = VideoRecorder(video_folder) if video_folder else None
+    if video_folder is not None:  # every evaluation game of env 0
+        video = VideoRecorder(
+            video_folder, env_id, seed, repeat_action_probability, max_episode_steps, schedule=lambda game: game < quota[0]
+        )
     returns = [[] for _ in range(num_envs)]
     obs, _ = envs.reset()
     reset_step = np.zeros(num_envs, dtype=bool)
     while any(len(r) < q for r, q in zip(returns, quota)):
         with torch.inference_mode(), torch.autocast(device.type, torch.bfloat16, enabled=mixed_precision == "bf16"):
             action, _, _, _ = agent.get_action_and_value(torch.from_numpy(obs).to(device))
-        obs, _, terminated, truncated, info = envs.step(action.cpu().numpy())
+        action = action.cpu().numpy()
+        obs, _, terminated, truncated, info = envs.step(action)
         game_over = info["terminated"].astype(bool) | truncated
-        if video is not None and len(returns[0]) < quota[0]:
-            video.add(obs[0], bool(game_over[0]))
+        if video_folder is not None:
+            video.step(action[0])
         for i, episodic_return, _ in stats.step(info["reward"], game_over, ~reset_step):
             if len(returns[i]) < quota[i]:
                 returns[i].append(episodic_return)
         reset_step = terminated | truncated
     envs.close()
+    if video_folder is not None:
+        video.close()
     return [r for env_returns in returns for r in env_returns]
 
 
@@ -426,18 +494,34 @@ def run_evaluation(args: Args, device, writer: SummaryWriter | None, run_name: s
 # ---------------------------------------------------------------------------------------------
 # Progress display
 # ---------------------------------------------------------------------------------------------
-def show_progress(global_step: int, total: int, sps: int, recent_returns: deque):
-    if not sys.stderr.isatty():
-        return
-    recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "-"
-    eta = (total - global_step) / max(sps, 1)
-    print(
-        f"\r{global_step:,}/{total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
-        f" | ETA {int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}   ",
-        end="",
-        file=sys.stderr,
-        flush=True,
-    )
+class Progress:
+    """How far the run is, for whoever reads its output: a live line on a terminal; elsewhere (a
+    log file, Slurm, nohup, a container) a plain line at most every `interval` seconds, and
+    always the first and the last one."""
+
+    def __init__(self, total_steps: int, interval: float):
+        self.total, self.interval, self.last_print = total_steps, interval, -float("inf")
+        self.on_terminal = sys.stderr.isatty()
+
+    def show(self, global_step: int, sps: int, recent_returns: deque):
+        now = time.time()
+        if not self.on_terminal and now - self.last_print < self.interval and global_step < self.total:
+            return
+        self.last_print = now
+        recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
+        eta = (self.total - global_step) / max(sps, 1)
+        line = (
+            f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
+            f" | ETA {int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}"
+        )
+        if self.on_terminal:
+            print(f"\r{line}   ", end="", file=sys.stderr, flush=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def close(self):
+        if self.on_terminal:
+            print(file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -522,7 +606,12 @@ def main(args: Args):
     reset_step = np.zeros(args.num_envs, dtype=bool)
     episode_stats = EpisodeStatistics(args.num_envs)
     recent_returns = deque(maxlen=20)
-    video = VideoRecorder(f"videos/{run_name}") if args.capture_video else None
+    progress = Progress(args.num_iterations * args.batch_size, args.progress_interval)
+    if args.capture_video:
+        video = VideoRecorder(
+            f"videos/{run_name}", args.env_id, args.seed, args.repeat_action_probability, args.max_episode_steps,
+            track=args.track,
+        )
 
     for iteration in range(1, args.num_iterations + 1):
         if args.anneal_lr:
@@ -538,7 +627,8 @@ def main(args: Args):
             actions[step] = action
             logprobs[step] = logprob
 
-            next_obs_np, reward, terminated, truncated, info = envs.step(action.cpu().numpy())
+            action = action.cpu().numpy()
+            next_obs_np, reward, terminated, truncated, info = envs.step(action)
             # Episodic life: `terminated` is set at each lost life (the game goes on), which makes
             # the value of losing a life visible to the agent; `reward` is already clipped.
             # The real end of a game, for the statistics: info["terminated"] or the time limit.
@@ -551,8 +641,8 @@ def main(args: Args):
             played[step] = torch.from_numpy(~reset_step).to(device)
             next_obs = torch.from_numpy(next_obs_np).to(device)
 
-            if video is not None:
-                video.add(next_obs_np[0], bool(game_over[0]))
+            if args.capture_video:
+                video.step(action[0])
             for i, episodic_return, episodic_length in episode_stats.step(info["reward"], game_over, ~reset_step):
                 recent_returns.append(episodic_return)
                 # The env steps of one vector step count as consecutive global steps, env 0 first,
@@ -609,16 +699,17 @@ def main(args: Args):
         writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
-        show_progress(global_step, args.num_iterations * args.batch_size, sps, recent_returns)
+        progress.show(global_step, sps, recent_returns)
 
-    if sys.stderr.isatty():
-        print(file=sys.stderr)
+    progress.close()
     recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
     print(
         f"finished {args.num_iterations} iterations, {global_step} steps, {sps} SPS, "
         f"mean return of the last {len(recent_returns)} games {recent}"
     )
     envs.close()
+    if args.capture_video:
+        video.close()
 
     if args.save_model:
         model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"

@@ -6,6 +6,7 @@ import glob
 import io
 import os
 import re
+import socket
 import subprocess
 import sys
 
@@ -31,11 +32,61 @@ PPO_TAGS = [
 ]
 
 
+# A stand-in training script that prints the scripts' progress lines (for the benchmark tools' tests).
+FAKE_TRAIN = os.path.join(REPO_ROOT, "tests", "fake_train.py")
+
+
+def subprocess_environment(env: dict | None = None) -> dict:
+    return {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **(env or {})}
+
+
 def run_script(script: str, *args: str, cwd, env: dict | None = None, timeout: int = 600, launcher=None):
     """Runs `cleanrl/{script}` with args in `cwd`; returns the CompletedProcess (text output)."""
     command = (launcher or [sys.executable]) + [os.path.join(REPO_ROOT, "cleanrl", script), *args]
-    full_env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        command, cwd=cwd, env=subprocess_environment(env), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def run_tool(tool: str, *args: str, cwd, env: dict | None = None, timeout: int = 120):
+    """Runs `benchmark/{tool}` with args in `cwd`; returns the CompletedProcess (text output)."""
+    command = [sys.executable, os.path.join(REPO_ROOT, "benchmark", tool), *args]
+    return subprocess.run(
+        command, cwd=cwd, env=subprocess_environment(env), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def is_alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie (a zombie has exited and only waits to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop(process: subprocess.Popen):
+    """Ends a torchrun launch. torchrun starts its workers in sessions of their own, out of reach of a
+    kill of torchrun alone; on SIGTERM it stops them itself. SIGKILL if that does not do it."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def rank_lines(output: str, pattern: str) -> dict[int, re.Match]:
+    """The matches of a per-rank message `rank R...` in a run's output, by rank."""
+    return {int(m["rank"]): m for m in re.finditer(pattern, output)}
 
 
 def run_dirs(cwd) -> list[str]:
@@ -157,6 +208,92 @@ def assert_corrupt_checkpoint_rejected(script: str, tmp_path):
     assert_user_error(result, "not a readable")
 
 
+class RecordingEnvs:
+    """Wraps a script's vector env and keeps what every step returned, so a test can hold the
+    script's rollout against what the environment really did. steps[t] = (reward, terminated,
+    truncated, info) of vector step t, as numpy copies. With `observations`, also every observation
+    that reset and step returned, in order (off by default: Atari's are large)."""
+
+    def __init__(self, envs, observations: bool = False):
+        self.envs, self.steps = envs, []
+        self.observations = [] if observations else None
+
+    def __getattr__(self, name):
+        return getattr(self.envs, name)
+
+    def reset(self, *args, **kwargs):
+        obs, info = self.envs.reset(*args, **kwargs)
+        if self.observations is not None:
+            self.observations.append(np.array(obs, copy=True))
+        return obs, info
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, info = self.envs.step(actions)
+        copied_info = {key: np.array(value, copy=True) for key, value in info.items()}
+        self.steps.append((reward.copy(), terminated.copy(), truncated.copy(), copied_info))
+        if self.observations is not None:
+            self.observations.append(np.array(obs, copy=True))
+        return obs, reward, terminated, truncated, info
+
+
+def recording_make_envs(module, monkeypatch, observations: bool = False) -> list[RecordingEnvs]:
+    """Makes every `module.make_envs(...)` call return a RecordingEnvs; returns the list of them."""
+    made, real_make_envs = [], module.make_envs
+
+    def make_envs(*args, **kwargs):
+        made.append(RecordingEnvs(real_make_envs(*args, **kwargs), observations))
+        return made[-1]
+
+    monkeypatch.setattr(module, "make_envs", make_envs)
+    return made
+
+
+def mp4_frames(path: str) -> np.ndarray:
+    """The frames of an mp4 file: (frames, height, width, 3) uint8."""
+    import imageio_ffmpeg
+
+    reader = imageio_ffmpeg.read_frames(path)
+    width, height = next(reader)["size"]
+    return np.stack([np.frombuffer(frame, np.uint8).reshape(height, width, 3) for frame in reader])
+
+
+def capped_cubic_games(limit: int) -> list[int]:
+    """The games that the capped cubic video schedule records, below `limit`."""
+    return [k**3 for k in range(10) if k**3 < min(limit, 1000)] + list(range(1000, limit, 1000))
+
+
+def assert_videos_show_whole_games_of_env_0(cwd, num_envs: int, extra_screens: int):
+    """A --capture-video run wrote games 0 and 1 of env 0 (the schedule's first two) as 210x160 RGB
+    mp4 files, each with one screen per step of its game plus `extra_screens` (the first screen,
+    and whatever screens the env shows on steps that are not counted in the game's length)."""
+    lengths = read_scalars(run_dirs(cwd)[0])["charts/episodic_length"]
+    # Env 0's games are logged at the global steps 1, 1 + num_envs, ... of each vector step.
+    env0_lengths = [int(length) for step, length in lengths if (step - 1) % num_envs == 0]
+    videos = sorted(glob.glob(os.path.join(str(cwd), "videos", "*", "game-*.mp4")))
+    assert [os.path.basename(v) for v in videos[:2]] == ["game-0.mp4", "game-1.mp4"], videos
+    assert env0_lengths, "env 0 finished no game"
+    for video, length in zip(videos, env0_lengths):
+        frames = mp4_frames(video)
+        assert frames.shape[1:] == (210, 160, 3)
+        assert frames.std(axis=-1).mean() > 1, "colour frames"
+        assert len(frames) == length + extra_screens, video
+
+
+def assert_progress_lines_off_a_terminal(script: str, short_run: list[str], first_steps: list[str], cwd):
+    """Off a terminal a script prints a plain progress line per interval (here 0 s: every
+    iteration), and with a long interval still the first and the last one."""
+    result = run_script(script, *short_run, "--progress-interval", "0", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if " SPS | return (last " in line]
+    total = first_steps[0].split("/")[1]
+    assert [line.split(" steps")[0] for line in lines] == first_steps + [f"{total}/{total}"]
+    assert all(re.search(r"\| ETA \d+:\d\d:\d\d$", line) for line in lines), lines
+    rare = run_script(script, *short_run, "--progress-interval", "3600", cwd=cwd)
+    assert [line.split(" steps")[0] for line in rare.stderr.splitlines() if " SPS | " in line] == [
+        first_steps[0], f"{total}/{total}"
+    ], "the first and the last line, whatever the interval"
+
+
 # The plain progress line of CONVENTIONS.md, printed on stderr off a terminal.
 PROGRESS_LINE = re.compile(
     r"^([\d,]+)/([\d,]+) steps \| ([\d,]+) SPS \| return \(last (\d+)\) (\S+) \| ETA \d+:\d\d:\d\d$"
@@ -239,9 +376,10 @@ class FakeStderr(io.StringIO):
 
 
 def assert_progress_follows_the_convention(progress_class, monkeypatch):
-    """A script's Progress(total, interval).show(global_step, sps, recent_returns, last): on a
-    terminal a live `\\r` line per call and a newline after the last; off one, plain lines, at most
-    one per interval but always the first and the last; the text of CONVENTIONS.md."""
+    """A script's Progress(total, interval) with show(global_step, sps, recent_returns) and close():
+    on a terminal a live `\\r` line per call and a newline at close; off one, plain lines, at most
+    one per interval but always the first and the last (global_step == total); the text of
+    CONVENTIONS.md."""
     from collections import deque
 
     calls = [(1000, 1234, deque()), (2000, 1500, deque([1.0, 2.0])), (3000, 1500, deque([1.0, 2.0, 4.5]))]
@@ -254,8 +392,9 @@ def assert_progress_follows_the_convention(progress_class, monkeypatch):
         stderr = FakeStderr(tty)
         monkeypatch.setattr(sys, "stderr", stderr)
         progress = progress_class(3000, interval)
-        for i, (step, sps, recent) in enumerate(calls):
-            progress.show(step, sps, recent, last=i == len(calls) - 1)
+        for step, sps, recent in calls:
+            progress.show(step, sps, recent)
+        progress.close()
         monkeypatch.undo()
         output = stderr.getvalue()
         if tty:
@@ -266,6 +405,6 @@ def assert_progress_follows_the_convention(progress_class, monkeypatch):
     hours = progress_class(10_000_000, 0.0)
     stderr = FakeStderr(False)
     monkeypatch.setattr(sys, "stderr", stderr)
-    hours.show(1_000_000, 100, deque([-3.0]), last=True)
+    hours.show(1_000_000, 100, deque([-3.0]))
     monkeypatch.undo()
     assert stderr.getvalue() == "1,000,000/10,000,000 steps | 100 SPS | return (last 1) -3.00 | ETA 25:00:00\n"

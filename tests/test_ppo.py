@@ -1,10 +1,15 @@
 """Specification of cleanrl/ppo.py."""
 
+import glob
+
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from common import PPO_TAGS, assert_gae_matches_reference, assert_user_error, read_scalars, run_dirs, run_script
+from common import (
+    PPO_TAGS, assert_gae_matches_reference, assert_progress_lines_off_a_terminal, assert_user_error, mp4_frames,
+    read_scalars, run_dirs, run_script,
+)
 
 import cleanrl.ppo as ppo
 
@@ -144,3 +149,21 @@ def test_short_cartpole_run_finishes_its_iterations_and_logs_every_tag(tmp_path)
     scalars = read_scalars(run_dir)
     assert set(PPO_TAGS) <= set(scalars)
     assert len(scalars["charts/SPS"]) == 4
+
+
+def test_progress_lines_are_printed_off_a_terminal(tmp_path):
+    assert_progress_lines_off_a_terminal(
+        "ppo.py", ["--total-timesteps", "2048"], ["512/2,048", "1,024/2,048", "1,536/2,048"], tmp_path
+    )
+
+
+def test_capture_video_records_episodes_0_and_1_of_env_0(tmp_path):
+    result = run_script("ppo.py", "--total-timesteps", "2048", "--capture-video", cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr
+    lengths = read_scalars(run_dirs(tmp_path)[0])["charts/episodic_length"]
+    env0_lengths = [int(length) for step, length in lengths if (step - 1) % 4 == 0]  # 4 envs
+    videos = sorted(glob.glob(str(tmp_path / "videos" / "*" / "*.mp4")))
+    assert len(videos) >= 2 and len(env0_lengths) >= 2
+    for video, length in zip(videos[:2], env0_lengths):  # rl-video-episode-0.mp4, -1.mp4
+        frames = mp4_frames(video)
+        assert frames.shape[-1] == 3 and len(frames) == length + 1, video

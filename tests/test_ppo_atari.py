@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 from common import (
-    assert_corrupt_checkpoint_rejected, assert_evaluation_printed, assert_gae_matches_reference,
+    assert_corrupt_checkpoint_rejected, assert_progress_lines_off_a_terminal, assert_videos_show_whole_games_of_env_0, capped_cubic_games,
+    recording_make_envs, assert_evaluation_printed, assert_gae_matches_reference,
     assert_saved_model_loads_identically, assert_short_atari_run_logged, assert_user_error, read_scalars, run_dirs,
     run_script,
 )
@@ -141,26 +142,91 @@ def test_loaded_model_equals_saved_model(tmp_path):
     assert_saved_model_loads_identically(ppo_atari, tmp_path)
 
 
-def test_evaluation_plays_the_requested_number_of_whole_games():
+def test_evaluation_plays_the_requested_number_of_whole_games(monkeypatch):
+    made = recording_make_envs(ppo_atari, monkeypatch)
     agent = ppo_atari.Agent(4)
     returns = ppo_atari.evaluate(agent, "BreakoutNoFrameskip-v4", 3, torch.device("cpu"), seed=1)
-    assert len(returns) == 3
-    assert all(r >= 0 for r in returns)
+    assert len(returns) == 3 and all(r >= 0 for r in returns)
+    # Each of the 3 envs played one game to its end: all 5 lives lost, no time limit, and the
+    # returns are those games' whole scores.
+    (envs,) = made
+    lives = np.full(3, 5)
+    for env in range(3):
+        drops, score = 0, 0.0
+        for reward, terminated, truncated, info in envs.steps:
+            assert not truncated[env]
+            score += reward[env]
+            if terminated[env]:
+                break
+            drops += info["lives"][env] < lives[env]
+            lives[env] = info["lives"][env]
+        assert terminated[env] and drops == 4, (env, drops)
+        assert score in returns
 
 
-def test_wandb_offline_run_is_created(tmp_path):
+def test_rollout_ends_episodes_at_life_losses_and_bootstraps_only_time_limits(tmp_path, monkeypatch):
+    # One iteration of 2 envs x 128 steps with a 60-step time limit: random play loses lives,
+    # finishes games and hits the limit. compute_gae sees the rollout before any update, with the
+    # agent that played it: the expected bootstrap values are computed there.
+    monkeypatch.chdir(tmp_path)
+    made = recording_make_envs(ppo_atari, monkeypatch)
+    agents, real_agent = [], ppo_atari.Agent
+    monkeypatch.setattr(ppo_atari, "Agent", lambda *a: agents.append(real_agent(*a)) or agents[-1])
+    seen, real_compute_gae = {}, ppo_atari.compute_gae
+
+    def compute_gae(rewards, values, dones, *rest):
+        if not seen:
+            seen.update(rewards=rewards.clone(), dones=dones.clone(), final_values={})
+            for t, (_, _, truncated, info) in enumerate(made[0].steps):
+                if truncated.any():
+                    with torch.inference_mode():
+                        final_obs = torch.from_numpy(info["final_obs"])
+                        seen["final_values"][t] = agents[0].get_value(final_obs).flatten().numpy()
+        return real_compute_gae(rewards, values, dones, *rest)
+
+    monkeypatch.setattr(ppo_atari, "compute_gae", compute_gae)
+    ppo_atari.main(ppo_atari.Args(num_envs=2, num_steps=128, total_timesteps=256, max_episode_steps=60))
+
+    lives = np.full(2, 5)
+    life_losses = truncations = 0
+    for t, (reward, terminated, truncated, info) in enumerate(made[0].steps):
+        life_lost = (info["lives"] < lives) & ~(terminated | truncated)
+        lives = info["lives"]
+        expected_done = (terminated | truncated | life_lost).astype(np.float32)
+        np.testing.assert_array_equal(seen["dones"][t].numpy(), expected_done, err_msg=f"step {t}")
+        expected_reward = np.sign(reward)
+        if truncated.any():  # a time limit, not a death: plus gamma * V(the real last observation)
+            expected_reward = expected_reward + 0.99 * seen["final_values"][t] * (truncated & ~terminated)
+        np.testing.assert_allclose(seen["rewards"][t].numpy(), expected_reward, rtol=1e-6, atol=1e-6)
+        life_losses += life_lost.sum()
+        truncations += (truncated & ~terminated).sum()
+    assert life_losses > 0 and truncations > 0, (life_losses, truncations)
+
+
+def test_wandb_offline_run_is_created_with_the_videos(tmp_path):
     result = run_script(
-        "ppo_atari.py", *SHORT_RUN[:-1], "256", "--track", cwd=tmp_path, env={"WANDB_DIR": str(tmp_path)}
+        "ppo_atari.py", *SHORT_RUN[:-1], "512", "--track", "--capture-video", cwd=tmp_path,
+        env={"WANDB_DIR": str(tmp_path)},
     )
     assert result.returncode == 0, result.stderr
-    assert glob.glob(str(tmp_path / "wandb" / "offline-run-*")), os.listdir(tmp_path)
+    (wandb_run,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
+    # game 0 of env 0 ends within 256 steps of random play; its video is logged as wandb media
+    assert glob.glob(os.path.join(wandb_run, "files", "media", "videos", "**", "game_0_*.mp4"), recursive=True)
 
 
-def test_capture_video_writes_an_mp4_of_a_whole_game(tmp_path):
+def test_video_schedule_is_capped_cubic():
+    assert [game for game in range(3001) if ppo_atari.capped_cubic(game)] == capped_cubic_games(3001)
+
+
+def test_capture_video_writes_rgb_videos_of_whole_games_of_env_0(tmp_path):
     result = run_script("ppo_atari.py", *SHORT_RUN, "--capture-video", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    videos = glob.glob(str(tmp_path / "videos" / "*" / "game-*.mp4"))
-    assert videos and all(os.path.getsize(v) > 1000 for v in videos)
+    # A video holds its game's first screen and one screen per step.
+    assert_videos_show_whole_games_of_env_0(tmp_path, num_envs=2, extra_screens=1)
+
+
+def test_progress_lines_are_printed_off_a_terminal(tmp_path):
+    assert_progress_lines_off_a_terminal("ppo_atari.py", SHORT_RUN, ["256/1,024", "512/1,024", "768/1,024"], tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,9 @@ import pytest
 import torch
 from common import (
     assert_corrupt_checkpoint_rejected, assert_evaluation_printed, assert_gae_matches_reference,
-    assert_saved_model_loads_identically, assert_short_atari_run_logged, assert_user_error, read_scalars, run_dirs,
-    run_script,
+    assert_progress_lines_off_a_terminal, assert_saved_model_loads_identically, assert_short_atari_run_logged,
+    assert_user_error, assert_videos_show_whole_games_of_env_0, capped_cubic_games, read_scalars, recording_make_envs,
+    run_dirs, run_script,
 )
 
 import cleanrl.ppo_atari_envpool as ppo_envpool
@@ -219,18 +220,40 @@ def test_loaded_model_equals_saved_model(tmp_path):
     assert_saved_model_loads_identically(ppo_envpool, tmp_path)
 
 
-def test_evaluation_plays_the_requested_number_of_whole_games():
+def test_evaluation_plays_the_requested_number_of_whole_games(monkeypatch):
+    made = recording_make_envs(ppo_envpool, monkeypatch)
     agent = ppo_envpool.Agent(4)
     returns = ppo_envpool.evaluate(agent, "Breakout-v5", 3, torch.device("cpu"), seed=1)
-    assert len(returns) == 3
-    assert all(r >= 0 and r == int(r) for r in returns)
+    assert len(returns) == 3 and all(r >= 0 and r == int(r) for r in returns)
+    # Each of the 3 envs played one game to its real end: 5 lives lost (episodic life ends an
+    # episode at each), no time limit, and the returns are those games' whole unclipped scores.
+    (envs,) = made
+    for env in range(3):
+        lives_lost, score = 0, 0.0
+        for _, terminated, truncated, info in envs.steps:
+            assert not truncated[env]
+            score += info["reward"][env]
+            lives_lost += terminated[env]
+            if info["terminated"][env]:
+                break
+        assert info["terminated"][env] and lives_lost == 5, (env, lives_lost)
+        assert score in returns
 
 
-def test_capture_video_writes_an_mp4_of_a_whole_game(tmp_path):
-    result = run_script(SCRIPT, *SHORT_RUN[:-1], "256", "--max-episode-steps", "40", "--capture-video", cwd=tmp_path)
+def test_video_schedule_is_capped_cubic():
+    assert [game for game in range(3001) if ppo_envpool.capped_cubic(game)] == capped_cubic_games(3001)
+
+
+def test_capture_video_writes_rgb_videos_of_whole_games_of_env_0(tmp_path):
+    result = run_script(SCRIPT, *SHORT_RUN, "--capture-video", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    videos = glob.glob(str(tmp_path / "videos" / "*" / "game-*.mp4"))
-    assert videos and all(os.path.getsize(v) > 1000 for v in videos)
+    # A whole game shows its first screen, one per step, and the screens of the 4 reset steps
+    # after its first 4 lost lives (not counted in its length: their action is ignored).
+    assert_videos_show_whole_games_of_env_0(tmp_path, num_envs=2, extra_screens=5)
+
+
+def test_progress_lines_are_printed_off_a_terminal(tmp_path):
+    assert_progress_lines_off_a_terminal(SCRIPT, SHORT_RUN[:-1] + ["768"], ["256/768", "512/768"], tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,7 +16,9 @@ import time
 import numpy as np
 import pytest
 import torch
-from common import PPO_TAGS, REPO_ROOT, assert_user_error, read_scalars, run_dirs, run_script
+from common import (
+    PPO_TAGS, REPO_ROOT, assert_user_error, free_port, rank_lines, read_scalars, run_dirs, run_script, stop,
+)
 
 import cleanrl.ppo_atari as ppo_atari
 import cleanrl.ppo_atari_multigpu as multigpu
@@ -39,18 +40,6 @@ def start(command: list[str], cwd, env: dict | None = None, **popen) -> subproce
     return subprocess.Popen(command, cwd=cwd, env=full_env, text=True, **popen)
 
 
-def stop(process: subprocess.Popen):
-    """Ends a torchrun launch. torchrun starts its workers in sessions of their own, out of reach of a
-    kill of torchrun alone; on SIGTERM it stops them itself. SIGKILL if that does not do it."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 def torchrun(launch: list[str], *args: str, cwd, timeout: int) -> subprocess.CompletedProcess:
     """Runs `torchrun LAUNCH cleanrl/ppo_atari_multigpu.py ARGS`, one thread per process; a hang fails the test."""
     command = [TORCHRUN, *launch, os.path.join(REPO_ROOT, "cleanrl", SCRIPT), *args]
@@ -63,23 +52,12 @@ def torchrun(launch: list[str], *args: str, cwd, timeout: int) -> subprocess.Com
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def steps(scalars, tag) -> list[int]:
     return [step for step, _ in scalars[tag]]
 
 
 def annealed_lr(num_iterations: int, learning_rate: float = 2.5e-4) -> list[float]:
     return [learning_rate * (1.0 - i / num_iterations) for i in range(num_iterations)]
-
-
-def rank_lines(output: str, pattern: str) -> dict[int, re.Match]:
-    """The matches of a per-rank message `rank R...` in a run's output, by rank."""
-    return {int(m["rank"]): m for m in re.finditer(pattern, output)}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,85 @@
+"""A CleanRL user's command lines work here: every flag of CleanRL's script of the same name is
+accepted, with the same meaning and default, except the differences each docs page lists.
+
+The defaults below are those of CleanRL's scripts (the `Args` dataclasses of ppo.py, ppo_atari.py
+and ppo_atari_envpool.py in the vwxyzjn/cleanrl repository), written down as facts."""
+
+import dataclasses
+
+import pytest
+import tyro
+from common import run_dirs, run_script
+
+import cleanrl.ppo as ppo
+import cleanrl.ppo_atari as ppo_atari
+import cleanrl.ppo_atari_envpool as ppo_atari_envpool
+
+EXPERIMENT = dict(
+    seed=1, torch_deterministic=True, cuda=True, track=False, wandb_project_name="cleanRL", wandb_entity=None,
+    capture_video=False,
+)
+PPO_ALGORITHM = dict(
+    learning_rate=2.5e-4, num_steps=128, anneal_lr=True, gamma=0.99, gae_lambda=0.95, num_minibatches=4,
+    update_epochs=4, norm_adv=True, clip_vloss=True, ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5, target_kl=None,
+)
+CLEANRL_DEFAULTS = {
+    ppo: dict(**EXPERIMENT, **PPO_ALGORITHM, env_id="CartPole-v1", total_timesteps=500_000, num_envs=4, clip_coef=0.2),
+    ppo_atari: dict(
+        **EXPERIMENT, **PPO_ALGORITHM, env_id="BreakoutNoFrameskip-v4", total_timesteps=10_000_000, num_envs=8,
+        clip_coef=0.1,
+    ),
+    ppo_atari_envpool: dict(
+        **EXPERIMENT, **PPO_ALGORITHM, env_id="Pong-v5", total_timesteps=10_000_000, num_envs=8, clip_coef=0.1,
+    ),
+}
+# Where a default differs on purpose; each is explained in the script's docs page.
+DIFFERENT_DEFAULTS = {ppo_atari_envpool: {"env_id": "Breakout-v5"}}  # one game for all the Atari scripts
+
+
+@pytest.mark.parametrize("module", CLEANRL_DEFAULTS, ids=lambda m: m.__name__.split(".")[-1])
+def test_every_cleanrl_flag_exists_with_cleanrl_default(module):
+    args = tyro.cli(module.Args, args=[])
+    fields = {field.name for field in dataclasses.fields(module.Args)}
+    for name, cleanrl_default in CLEANRL_DEFAULTS[module].items():
+        assert name in fields, f"--{name.replace('_', '-')} is missing"
+        expected = DIFFERENT_DEFAULTS.get(module, {}).get(name, cleanrl_default)
+        assert getattr(args, name) == expected, name
+
+
+@pytest.mark.parametrize("module", CLEANRL_DEFAULTS, ids=lambda m: m.__name__.split(".")[-1])
+def test_cleanrl_command_line_flags_parse_with_their_meaning(module):
+    # The flags of CleanRL's README, benchmark scripts and docs, tyro 1.0 spelling.
+    args = tyro.cli(
+        module.Args,
+        args=[
+            "--seed", "3", "--track", "--capture-video", "--no-cuda", "--no-anneal-lr", "--target-kl", "0.015",
+            "--num-envs", "2", "--num-steps", "64", "--total-timesteps", "4096", "--exp-name", "mine",
+            "--wandb-project-name", "proj", "--wandb-entity", "team", "--no-torch-deterministic", "--no-norm-adv",
+            "--no-clip-vloss", "--learning-rate", "1e-3",
+        ],
+    )
+    assert (args.seed, args.track, args.capture_video, args.cuda, args.anneal_lr) == (3, True, True, False, False)
+    assert (args.target_kl, args.num_envs, args.num_steps, args.total_timesteps) == (0.015, 2, 64, 4096)
+    assert (args.exp_name, args.wandb_project_name, args.wandb_entity) == ("mine", "proj", "team")
+    assert (args.torch_deterministic, args.norm_adv, args.clip_vloss, args.learning_rate) == (False, False, False, 1e-3)
+
+
+@pytest.mark.parametrize(
+    "script, command",
+    [
+        ("ppo.py", ["--env-id", "CartPole-v1", "--seed", "1", "--total-timesteps", "1024", "--no-cuda"]),
+        (
+            "ppo_atari.py",
+            ["--env-id", "BreakoutNoFrameskip-v4", "--seed", "1", "--total-timesteps", "256", "--num-envs", "2"],
+        ),
+        (
+            "ppo_atari_envpool.py",
+            ["--env-id", "Breakout-v5", "--seed", "1", "--total-timesteps", "256", "--num-envs", "2"],
+        ),
+    ],
+)
+def test_cleanrl_invocations_train(tmp_path, script, command):
+    result = run_script(script, *command, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1].startswith("finished"), result.stdout
+    assert len(run_dirs(tmp_path)) == 1
