@@ -307,26 +307,33 @@ def upload_videos(run_name: str):
 # Progress display
 # ---------------------------------------------------------------------------------------------
 class Progress:
-    """The progress line on stderr: live (`\\r`) on a terminal; off one, a plain flushed line at most
-    every `interval` seconds, always on the first and the last call, for logs nobody watches live."""
+    """How far the run is, for whoever reads its output: a live line on a terminal; elsewhere (a
+    log file, Slurm, nohup, a container) a plain line at most every `interval` seconds, and
+    always the first and the last one."""
 
-    def __init__(self, total: int, interval: float):
-        self.total, self.interval, self.last_print = total, interval, None
-        self.live = sys.stderr.isatty()
+    def __init__(self, total_steps: int, interval: float):
+        self.total, self.interval, self.last_print = total_steps, interval, -float("inf")
+        self.on_terminal = sys.stderr.isatty()
 
-    def show(self, global_step: int, sps: int, recent_returns: deque, last: bool = False):
+    def show(self, global_step: int, sps: int, recent_returns: deque):
+        now = time.time()
+        if not self.on_terminal and now - self.last_print < self.interval and global_step < self.total:
+            return
+        self.last_print = now
         recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
         eta = int((self.total - global_step) / max(sps, 1))
         line = (
             f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
             f" | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
         )
-        now = time.time()
-        if self.live:
-            print(f"\r{line}   ", end="\n" if last else "", file=sys.stderr, flush=True)
-        elif last or self.last_print is None or now - self.last_print >= self.interval:
+        if self.on_terminal:
+            print(f"\r{line}   ", end="", file=sys.stderr, flush=True)
+        else:
             print(line, file=sys.stderr, flush=True)
-            self.last_print = now
+
+    def close(self):
+        if self.on_terminal:
+            print(file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -520,8 +527,9 @@ def main(args: Args):
         if global_step % LOG_EVERY == 0 or global_step == args.total_timesteps:
             sps = int(global_step / (time.time() - start_time))
             writer.add_scalar("charts/SPS", sps, global_step)
-            progress.show(global_step, sps, recent_returns, last=global_step == args.total_timesteps)
+            progress.show(global_step, sps, recent_returns)
 
+    progress.close()
     env.close()  # also finishes the last video
     recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
     print(

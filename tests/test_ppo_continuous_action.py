@@ -3,14 +3,13 @@
 import glob
 import os
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 from common import (
-    assert_progress_follows_the_convention,
-    PPO_TAGS, assert_gae_matches_reference, assert_main_fails_with, assert_user_error, eval_returns,
-    mujoco_offscreen_rendering_error, progress_steps, read_scalars, run_dirs, run_script,
+    PPO_TAGS, assert_gae_matches_reference, assert_main_fails_with, assert_progress_follows_the_convention,
+    assert_user_error, eval_returns, mujoco_offscreen_rendering_error, progress_steps, read_scalars,
+    recording_make_envs, run_dirs, run_script,
 )
 
 import cleanrl.ppo_continuous_action as pca
@@ -183,22 +182,6 @@ def test_saved_observation_statistics_are_those_of_every_observation_the_policy_
     assert saved_args["env_id"] == "StepCountTruncatedAfter4-v0"
 
 
-class RecordingVectorEnv(gym.vector.VectorWrapper):
-    """Keeps every observation the vector env returns (reset and step)."""
-
-    observations: list[np.ndarray] = []
-
-    def reset(self, **kwargs):
-        obs, info = super().reset(**kwargs)
-        self.observations.append(obs.copy())
-        return obs, info
-
-    def step(self, actions):
-        result = super().step(actions)
-        self.observations.append(result[0].copy())
-        return result
-
-
 def test_evaluation_applies_the_saved_observation_statistics_frozen(tmp_path, monkeypatch):
     rng = np.random.default_rng(0)
     agent = pca.Agent(11, 3)  # Hopper-v5
@@ -211,13 +194,12 @@ def test_evaluation_applies_the_saved_observation_statistics_frozen(tmp_path, mo
 
     network_inputs = []
     loaded_agent.actor_mean.register_forward_hook(lambda module, inputs, output: network_inputs.append(inputs[0].clone()))
-    RecordingVectorEnv.observations = []
-    make_envs = pca.make_envs
-    monkeypatch.setattr(pca, "make_envs", lambda *a, **k: RecordingVectorEnv(make_envs(*a, **k)))
+    made = recording_make_envs(pca, monkeypatch, observations=True)
     returns = pca.evaluate(loaded_agent, loaded_rms, "Hopper-v5", 2, torch.device("cpu"), seed=0)
 
     assert len(returns) == 2
-    raw = np.concatenate(RecordingVectorEnv.observations[: len(network_inputs)])
+    (envs,) = made
+    raw = np.concatenate(envs.observations[: len(network_inputs)])
     expected = np.clip((raw - saved_mean) / np.sqrt(saved_var + 1e-8), -10, 10)
     assert np.abs(expected).max() < 10, "the statistics must matter, not the clipping"
     np.testing.assert_allclose(torch.cat(network_inputs).numpy(), expected, rtol=1e-5, atol=1e-5)

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 import torch
 from common import (
-    assert_progress_follows_the_convention,
-    assert_main_fails_with, assert_user_error, eval_returns, mujoco_offscreen_rendering_error, progress_steps, read_scalars,
-    run_dirs, run_script,
+    assert_main_fails_with, assert_progress_follows_the_convention, assert_user_error, eval_returns,
+    mujoco_offscreen_rendering_error, progress_steps, read_scalars, run_dirs, run_script,
 )
 
 import cleanrl.sac_continuous_action as sac
