@@ -517,7 +517,7 @@ def main(args: Args):
                 writer.add_scalar("losses/qf2_values", qf2_values.mean().item(), global_step)
                 writer.add_scalar("losses/qf1_loss", qf1_loss.item(), global_step)
                 writer.add_scalar("losses/qf2_loss", qf2_loss.item(), global_step)
-                writer.add_scalar("losses/qf_loss", qf_loss.item(), global_step)
+                writer.add_scalar("losses/qf_loss", qf_loss.item() / 2.0, global_step)  # the mean, CleanRL's tag
                 if num_actor_updates:
                     writer.add_scalar("losses/actor_loss", actor_loss.item(), global_step)
                     if args.autotune:
