@@ -408,3 +408,46 @@ def assert_progress_follows_the_convention(progress_class, monkeypatch):
     hours.show(1_000_000, 100, deque([-3.0]))
     monkeypatch.undo()
     assert stderr.getvalue() == "1,000,000/10,000,000 steps | 100 SPS | return (last 1) -3.00 | ETA 25:00:00\n"
+
+
+def assert_rollout_dones_and_rewards(module, monkeypatch, run_main, args):
+    """Runs `run_main(args)` (one iteration of a torch Atari script) and holds its rollout against
+    what the environments did: `dones` at every life loss, game over and time limit; rewards
+    clipped to their sign, plus gamma * V(the real last observation) where the time limit stopped
+    a game (truncated, not terminated), nothing for a game over. compute_gae sees the rollout
+    before any update, with the agent that played it: the expected values are computed there.
+    `args` must make the time limit and some life losses happen (both are asserted)."""
+    import torch
+
+    made = recording_make_envs(module, monkeypatch)
+    agents, real_agent = [], module.Agent
+    monkeypatch.setattr(module, "Agent", lambda *a: agents.append(real_agent(*a)) or agents[-1])
+    seen, real_compute_gae = {}, module.compute_gae
+
+    def compute_gae(rewards, values, dones, *rest):
+        if not seen:
+            seen.update(rewards=rewards.clone(), dones=dones.clone(), final_values={})
+            for t, (_, _, truncated, info) in enumerate(made[0].steps):
+                if truncated.any():
+                    with torch.inference_mode():
+                        final_obs = torch.from_numpy(info["final_obs"])
+                        seen["final_values"][t] = agents[0].get_value(final_obs).flatten().numpy()
+        return real_compute_gae(rewards, values, dones, *rest)
+
+    monkeypatch.setattr(module, "compute_gae", compute_gae)
+    run_main(args)
+
+    lives = np.full(len(made[0].steps[0][0]), 5)
+    life_losses = truncations = 0
+    for t, (reward, terminated, truncated, info) in enumerate(made[0].steps):
+        life_lost = (info["lives"] < lives) & ~(terminated | truncated)
+        lives = info["lives"]
+        expected_done = (terminated | truncated | life_lost).astype(np.float32)
+        np.testing.assert_array_equal(seen["dones"][t].numpy(), expected_done, err_msg=f"step {t}")
+        expected_reward = np.sign(reward)
+        if truncated.any():  # a time limit, not a death: plus gamma * V(the real last observation)
+            expected_reward = expected_reward + args.gamma * seen["final_values"][t] * (truncated & ~terminated)
+        np.testing.assert_allclose(seen["rewards"][t].numpy(), expected_reward, rtol=1e-6, atol=1e-6)
+        life_losses += life_lost.sum()
+        truncations += (truncated & ~terminated).sum()
+    assert life_losses > 0 and truncations > 0, (life_losses, truncations)
