@@ -1,8 +1,10 @@
 """Learning benchmark: train a script for real on several seeds, one run after the other, and
-report the mean return of the last 100 finished episodes of each run (read from TensorBoard).
+report the mean return of the last 100 (`--last`) finished episodes of each run (read from
+TensorBoard). MuJoCo episodes are long (1000 steps), so their convention is the last 10.
 
     python benchmark/learning.py --script ppo --seeds 1 2 3 -- --env-id CartPole-v1 --total-timesteps 500000
     python benchmark/learning.py --script ppo_atari --seeds 1 -- --total-timesteps 1000000
+    python benchmark/learning.py --script sac_continuous_action --seeds 1 2 --last 10 -- --total-timesteps 300000
 
 Runs are written under `--workdir` (default benchmark/results/), so their TensorBoard logs can be
 plotted later (`tensorboard --logdir benchmark/results/runs`).
@@ -30,6 +32,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--script", required=True, help="a script of cleanrl/, without .py")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
+    parser.add_argument("--last", type=int, default=100, help="how many of the last episodes the mean is over")
     parser.add_argument("--workdir", default=os.path.join(REPO_ROOT, "benchmark", "results"))
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="after --: arguments for the script")
     cli = parser.parse_args()
@@ -45,7 +48,7 @@ def main():
         start = time.time()
         subprocess.run(command, cwd=cli.workdir, check=True)
         (run_dir,) = glob.glob(os.path.join(cli.workdir, "runs", f"*__{exp_name}__{seed}__*"))
-        returns = episodic_returns(run_dir)[-100:]
+        returns = episodic_returns(run_dir)[-cli.last :]
         mean = sum(returns) / len(returns) if returns else float("nan")
         results.append((seed, mean, len(returns), time.time() - start))
         print(f"seed {seed}: mean return of the last {len(returns)} episodes {mean:.2f} ({time.time() - start:.0f} s)",

@@ -15,12 +15,18 @@ in `--rounds` rounds, interleaved, and the table shows medians.
     python benchmark/throughput.py                       # all three scripts, fp32 and bf16
     python benchmark/throughput.py --scripts ppo_atari --precisions none --rounds 1
     python benchmark/throughput.py --real-only --seconds 40     # on a GPU: benchmark/gpu_throughput.sh
+    python benchmark/throughput.py --scripts ppo_atari ppo_atari_multigpu --json throughput.json
+    python benchmark/plot.py throughput throughput.json  # the figure of a run written with --json
 
-The env-only and NN-only measurements are written for the CPU; --real-only leaves them out.
+`ppo_atari_multigpu` (not in the default list) is measured in real runs only, with 1 process and
+with 2 under torchrun (each with --num-envs environments; torchrun gives each process one thread);
+its environment and network are ppo_atari's. The env-only and NN-only measurements are written for
+the CPU; --real-only leaves them out.
 """
 
 import argparse
 import importlib
+import json
 import multiprocessing
 import os
 import signal
@@ -39,6 +45,9 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 SCRIPTS = ["ppo_atari", "ppo_atari_envpool", "ppo_atari_envpool_xla_jax_scan"]
 JAX_SCRIPT = "ppo_atari_envpool_xla_jax_scan"
+TORCHRUN_SCRIPT = "ppo_atari_multigpu"  # real runs with 1 and 2 processes
+TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
+PRECISION_NAMES = {"none": "fp32", "bf16": "bf16"}
 
 
 def in_fresh_process(function, *args):
@@ -200,17 +209,19 @@ def measure_nn_jax(module, num_envs: int, num_steps: int, precision: str, repeat
 
 def measure_real(
     script: str, env_id: str, num_envs: int, num_steps: int, iterations: int, precision: str,
-    seconds: float | None = None,
+    seconds: float | None = None, processes: int = 1,
 ):
     """The script's training run: (the SPS it logged last, its steady SPS after the first iteration).
 
     With `seconds`, the run has a budget it cannot finish and is interrupted after that long; the
-    iterations its TensorBoard writer had flushed by then are the measurement.
+    iterations its TensorBoard writer had flushed by then are the measurement. `processes` > 1 runs
+    the torchrun script under torchrun, each process with `num_envs` environments.
     """
-    envs_flag = "--local-num-envs" if script == JAX_SCRIPT else "--num-envs"
-    total_timesteps = num_envs * num_steps * (iterations if seconds is None else 10**6)
+    envs_flag = "--local-num-envs" if script in (JAX_SCRIPT, TORCHRUN_SCRIPT) else "--num-envs"
+    total_timesteps = processes * num_envs * num_steps * (iterations if seconds is None else 10**6)
+    launcher = [TORCHRUN, "--standalone", f"--nproc-per-node={processes}"] if processes > 1 else [sys.executable]
     command = [
-        sys.executable, os.path.join(REPO_ROOT, "cleanrl", f"{script}.py"), "--env-id", env_id,
+        *launcher, os.path.join(REPO_ROOT, "cleanrl", f"{script}.py"), "--env-id", env_id,
         envs_flag, str(num_envs), "--num-steps", str(num_steps),
         "--total-timesteps", str(total_timesteps), "--mixed-precision", precision,
     ]
@@ -238,9 +249,47 @@ def measure_real(
     return last.value, steady
 
 
+def configurations(scripts: list[str]) -> list[tuple[str, int]]:
+    """(script, processes) pairs, in the order of `scripts`: the torchrun script with 1 and 2 processes."""
+    return [(script, processes) for script in scripts for processes in ((1, 2) if script == TORCHRUN_SCRIPT else (1,))]
+
+
+def label(script: str, processes: int) -> str:
+    return f"{script} x{processes}" if script == TORCHRUN_SCRIPT else script
+
+
+def summarize(samples: dict, scripts: list[str], precisions: list[str], batch_size: int, num_steps: int,
+              num_envs: int) -> list[dict]:
+    """One row per script, processes and precision: the medians over the rounds of what was measured
+    (None for what was not: the serial bound needs the env-only and NN-only times)."""
+    median = lambda *key: statistics.median(samples[key]) if key in samples else None
+    rows = []
+    for script, processes in configurations(scripts):
+        env_seconds = median(script, 1, None, "env")
+        for precision in precisions:
+            nn_seconds = median(script, 1, precision, "nn")
+            steady = median(script, processes, precision, "steady")
+            measured = env_seconds is not None and nn_seconds is not None
+            bound = batch_size / (num_steps * env_seconds + nn_seconds) if measured else None
+            rows.append({
+                "script": script,
+                "processes": processes,
+                "precision": PRECISION_NAMES[precision],
+                "env_ms_per_step": None if env_seconds is None else env_seconds * 1e3,
+                "env_only_sps": None if env_seconds is None else num_envs / env_seconds,
+                "nn_s_per_iteration": nn_seconds,
+                "bound_sps": bound,
+                "logged_sps": median(script, processes, precision, "reported"),
+                "steady_sps": steady,
+                "steady_sps_per_round": samples[(script, processes, precision, "steady")],
+                "fraction_of_bound": None if bound is None else steady / bound,
+            })
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scripts", nargs="+", default=SCRIPTS, choices=SCRIPTS)
+    parser.add_argument("--scripts", nargs="+", default=SCRIPTS, choices=SCRIPTS + [TORCHRUN_SCRIPT])
     parser.add_argument("--precisions", nargs="+", default=["none", "bf16"], choices=["none", "bf16"])
     parser.add_argument("--env-id", default="BreakoutNoFrameskip-v4")
     parser.add_argument("--num-envs", type=int, default=8)
@@ -249,61 +298,68 @@ def main():
     parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions of every measurement")
     parser.add_argument("--seconds", type=float, help="train for this long in each real run instead of --iterations")
     parser.add_argument("--real-only", action="store_true", help="only the real runs (the only ones fit for a GPU)")
+    parser.add_argument("--json", help="also write the table's rows, each round's steady SPS and the set-up to this "
+                                       "file (for `benchmark/plot.py throughput`)")
     cli = parser.parse_args()
     if cli.iterations < 3:
         sys.exit("error: --iterations must be at least 3 (the steady SPS leaves the first one out)")
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cpus, {cli.rounds} rounds")
-    samples = {}  # (script, precision or None, quantity) -> one value per round
+    samples = {}  # (script, processes, precision or None, quantity) -> one value per round
     record = lambda key, value: samples.setdefault(key, []).append(value)
     for round_index in range(cli.rounds):
-        for script in cli.scripts:
-            if not cli.real_only:
+        for script, processes in configurations(cli.scripts):
+            bounds = not cli.real_only and script != TORCHRUN_SCRIPT
+            if bounds:
                 env_seconds = in_fresh_process(measure_env, script, cli.env_id, cli.num_envs, cli.num_steps * 2)
-                record((script, None, "env"), env_seconds)
+                record((script, 1, None, "env"), env_seconds)
             for precision in cli.precisions:
-                if not cli.real_only:
+                if bounds:
                     nn_seconds = in_fresh_process(measure_nn, script, cli.num_envs, cli.num_steps, precision)
-                    record((script, precision, "nn"), nn_seconds)
+                    record((script, 1, precision, "nn"), nn_seconds)
                 reported, steady = measure_real(
-                    script, cli.env_id, cli.num_envs, cli.num_steps, cli.iterations, precision, cli.seconds
+                    script, cli.env_id, cli.num_envs, cli.num_steps, cli.iterations, precision, cli.seconds, processes
                 )
-                record((script, precision, "reported"), reported)
-                record((script, precision, "steady"), steady)
-                print(f"round {round_index + 1}: {script} {precision}: {steady:.0f} steady SPS", flush=True)
+                record((script, processes, precision, "reported"), reported)
+                record((script, processes, precision, "steady"), steady)
+                print(f"round {round_index + 1}: {label(script, processes)} {precision}: {steady:.0f} steady SPS",
+                      flush=True)
 
-    median = lambda script, precision, quantity: statistics.median(samples[(script, precision, quantity)])
     batch_size = cli.num_envs * cli.num_steps
+    rows = summarize(samples, cli.scripts, cli.precisions, batch_size, cli.num_steps, cli.num_envs)
     print(
         f"\n{'script':<32}{'precision':<10}{'env ms/step':>12}{'nn s/iter':>10}{'bound SPS':>10}"
         f"{'logged SPS':>11}{'steady SPS':>11}{'fraction':>9}"
     )
-    steady = {}
-    for script in cli.scripts:
-        for precision in cli.precisions:
-            steady[script, precision] = median(script, precision, "steady")
-            if cli.real_only:
-                serial = f"{'-':>12}{'-':>10}{'-':>10}"
-                fraction = f"{'-':>9}"
-            else:
-                env_seconds, nn_seconds = median(script, None, "env"), median(script, precision, "nn")
-                bound = batch_size / (cli.num_steps * env_seconds + nn_seconds)
-                serial = f"{env_seconds * 1e3:>12.2f}{nn_seconds:>10.2f}{bound:>10.0f}"
-                fraction = f"{steady[script, precision] / bound:>9.2f}"
-            print(
-                f"{script:<32}{precision:<10}{serial}{median(script, precision, 'reported'):>11.0f}"
-                f"{steady[script, precision]:>11.0f}{fraction}"
-            )
+    number = lambda value, width, digits: f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
+    for row in rows:
+        print(
+            f"{label(row['script'], row['processes']):<32}{row['precision']:<10}{number(row['env_ms_per_step'], 12, 2)}"
+            f"{number(row['nn_s_per_iteration'], 10, 2)}{number(row['bound_sps'], 10, 0)}"
+            f"{number(row['logged_sps'], 11, 0)}{number(row['steady_sps'], 11, 0)}"
+            f"{number(row['fraction_of_bound'], 9, 2)}"
+        )
     print()
-    for script in cli.scripts:
+    steady = {(row["script"], row["processes"], row["precision"]): row["steady_sps"] for row in rows}
+    for script, processes in configurations(cli.scripts):
         if ("none" in cli.precisions) and ("bf16" in cli.precisions):
-            print(f"{script}: bf16 / fp32 steady SPS = {steady[script, 'bf16'] / steady[script, 'none']:.2f}x")
-    if "ppo_atari" in cli.scripts:
-        for script in cli.scripts:
-            for precision in cli.precisions:
-                if script != "ppo_atari":
-                    ratio = steady[script, precision] / steady["ppo_atari", "none"]
-                    print(f"{script} {precision} / ppo_atari fp32 steady SPS = {ratio:.2f}x")
+            ratio = steady[script, processes, "bf16"] / steady[script, processes, "fp32"]
+            print(f"{label(script, processes)}: bf16 / fp32 steady SPS = {ratio:.2f}x")
+    if "ppo_atari" in cli.scripts and "none" in cli.precisions:
+        for (script, processes, precision), value in steady.items():
+            if script != "ppo_atari":
+                print(f"{label(script, processes)} {precision} / ppo_atari fp32 steady SPS = "
+                      f"{value / steady['ppo_atari', 1, 'fp32']:.2f}x")
+    if cli.json:
+        setup = {
+            "env_id": cli.env_id, "num_envs": cli.num_envs, "num_steps": cli.num_steps, "rounds": cli.rounds,
+            "iterations": None if cli.seconds else cli.iterations, "seconds": cli.seconds,
+            "real_only": cli.real_only, "cpus": os.cpu_count(), "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M"),
+        }
+        with open(cli.json, "w") as f:
+            json.dump({"setup": setup, "rows": rows}, f, indent=1)
+        print(f"wrote {cli.json}")
 
 
 if __name__ == "__main__":

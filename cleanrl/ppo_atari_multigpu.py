@@ -10,9 +10,12 @@ Docs: docs/ppo_atari_multigpu.md
 
 import glob
 import hashlib
+import json
 import os
+import queue
 import random
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -23,10 +26,12 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # noqa: F401 (imported before the process group exists: see start_process_group)
 import torch.nn as nn
 import torch.optim as optim
 import tyro
 from ale_py.vector_env import AtariVectorEnv
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 from torch.distributions.categorical import Categorical
 from torch.utils.tensorboard import SummaryWriter
 
@@ -49,7 +54,7 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of the wandb project"""
     capture_video: bool = False
-    """if toggled, whole games of env 0 of rank 0 are saved as mp4 files to `videos/{run_name}/`"""
+    """if toggled, games 0, 1, 8, 27, ..., then every 1000th game of env 0 of rank 0 are saved as RGB mp4 files to `videos/{run_name}/`"""
     save_model: bool = False
     """if toggled, the model is saved to `runs/{run_name}/{exp_name}.cleanrl_model` and evaluated"""
     eval_checkpoint: str | None = None
@@ -58,12 +63,16 @@ class Args:
     """the number of full games played by the evaluation"""
     mixed_precision: Literal["none", "bf16"] = "none"
     """bf16 autocasts the network's forward passes; loss, advantages, gradient all-reduce and optimizer stay fp32"""
+    progress_interval: float = 30.0
+    """seconds between plain progress lines when stderr is not a terminal (log files, Slurm, nohup)"""
 
     # Environment
     env_id: str = "BreakoutNoFrameskip-v4"
     """the game: `BreakoutNoFrameskip-v4`, `ALE/Breakout-v5` and `Breakout-v5` all name Breakout"""
     repeat_action_probability: float = 0.0
     """sticky actions; 0 is the NoFrameskip-v4 / envpool convention behind the published PPO scores"""
+    max_episode_steps: int = 27_000
+    """the time limit of a game in agent steps (108,000 emulator frames, as the v5 games); a game stopped by it is bootstrapped, not treated as a death"""
 
     # Algorithm
     total_timesteps: int = 10_000_000
@@ -72,6 +81,8 @@ class Args:
     """the learning rate of the optimizer"""
     local_num_envs: int = 8
     """the number of parallel game environments in each process"""
+    num_envs: int | None = None
+    """the number of environments of the whole job, split evenly over the processes (instead of local_num_envs)"""
     num_steps: int = 128
     """the number of steps run in each environment per policy rollout"""
     anneal_lr: bool = True
@@ -107,13 +118,11 @@ class Args:
     checkpoint_every: int = 0
     """write a resumable checkpoint to `runs/{run_name}/checkpoints/` every K iterations and at the end (0: never)"""
     resume: str | None = None
-    """a checkpoint file to continue its run from, or `auto`: the newest one of this env_id/exp_name/seed, if any"""
+    """a checkpoint file to continue its run from, or `auto`: of the checkpoints in runs/ of this env_id, exp_name and seed, the newest by modification time (none: a new run)"""
 
     # Computed at run time (hidden from the command line: a value given there would be overwritten)
     world_size: tyro.conf.Suppress[int] = 0
     """the number of processes of the job (torchrun's WORLD_SIZE)"""
-    num_envs: tyro.conf.Suppress[int] = 0
-    """the number of environments of the whole job (local_num_envs * world_size)"""
     batch_size: tyro.conf.Suppress[int] = 0
     """the batch size of the whole job (num_envs * num_steps)"""
     local_batch_size: tyro.conf.Suppress[int] = 0
@@ -126,15 +135,39 @@ class Args:
     """the number of iterations (total_timesteps // batch_size)"""
 
 
+class UserError(Exception):
+    """Bad input, raised by `fail`: the entry point (bottom of the file) prints it as one line and exits non-zero."""
+
+    def __init__(self, message: str, printed: bool):
+        super().__init__(message)
+        self.printed = printed  # whether this rank prints it
+
+
 def fail(message: str, all_ranks: bool = False):
     """A user error: one line naming the problem, a non-zero exit on every rank, no traceback.
 
     Errors every rank detects alike are printed by rank 0 alone; `all_ranks` prints a problem that only
-    some processes see (a missing GPU, say) from each of them."""
+    some processes see (a missing GPU, say) from each of them. Under torchrun every failing rank also
+    records the line for torchrun's failure report (`OneLineUserErrors`)."""
     rank = int(os.environ.get("RANK", "0"))
     if all_ranks and rank != 0:
-        sys.exit(f"error: (rank {rank}) {message}")
-    sys.exit(f"error: {message}" if rank == 0 else 1)
+        message = f"(rank {rank}) {message}"
+    raise UserError(message, printed=all_ranks or rank == 0)
+
+
+class OneLineUserErrors(ErrorHandler):
+    """Writes a failed worker's error to the file torchrun reads (TORCHELASTIC_ERROR_FILE) for the
+    "Root Cause" of its failure report: a user error as its one `error:` line, any other exception
+    with its traceback (torch's default). `record` passes SystemExit through unrecorded, hence `UserError`."""
+
+    def record_exception(self, e: BaseException):
+        path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+        if not isinstance(e, UserError) or path is None:
+            return super().record_exception(e)
+        line = f"error: {e}"
+        with open(path, "w") as f:
+            extra = {"py_callstack": line, "timestamp": str(int(time.time()))}  # the box shows py_callstack
+            json.dump({"message": {"message": line, "extraInfo": extra}}, f)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,13 +186,22 @@ def atari_game(env_id: str) -> str:
     fail(f"unknown Atari env id {env_id!r} (try BreakoutNoFrameskip-v4 or ALE/Breakout-v5)")
 
 
-def make_envs(env_id: str, num_envs: int, repeat_action_probability: float, noop_max: int = 30) -> AtariVectorEnv:
+def make_envs(
+    env_id: str,
+    num_envs: int,
+    repeat_action_probability: float,
+    max_episode_steps: int = 27_000,
+    noop_max: int = 30,
+    rgb_frames: bool = False,
+) -> AtariVectorEnv:
     # Life loss and reward clipping are applied by the training loop, not by the environment:
     # ale-py's `episodic_life=True` restarts the whole game at each life loss, which is not the
     # usual trick (the game goes on with its remaining lives). Keeping the real game here also
     # gives the episode statistics the full game's unclipped score.
     # SAME_STEP autoreset: a finished game's step already returns the next game's first
     # observation, so no fake transition enters the rollout.
+    # rgb_frames: the same games, seen as full 210x160 RGB screens instead of the agent's stack of
+    # 84x84 grayscale frames (for videos).
     # The emulator threads are this process's share of the cores: torch's thread count, which
     # torchrun sets to OMP_NUM_THREADS=1 when it starts several processes per node.
     return AtariVectorEnv(
@@ -167,15 +209,16 @@ def make_envs(env_id: str, num_envs: int, repeat_action_probability: float, noop
         num_envs,
         num_threads=min(num_envs, torch.get_num_threads()),
         repeat_action_probability=repeat_action_probability,
+        max_num_frames_per_episode=max_episode_steps * 4,
         autoreset_mode="SameStep",
         noop_max=noop_max,
         frameskip=4,
         maxpool=True,
         use_fire_reset=True,
-        img_height=84,
-        img_width=84,
-        grayscale=True,
-        stack_num=4,
+        img_height=210 if rgb_frames else 84,
+        img_width=160 if rgb_frames else 84,
+        grayscale=not rgb_frames,
+        stack_num=1 if rgb_frames else 4,
         episodic_life=False,
         reward_clipping=False,
     )
@@ -198,29 +241,80 @@ class EpisodeStatistics:
         return finished
 
 
+def capped_cubic(game: int) -> bool:
+    """Games 0, 1, 8, 27, ..., 729, then every 1000th: many videos early, few in a long run."""
+    return round(game ** (1 / 3)) ** 3 == game if game < 1000 else game % 1000 == 0
+
+
 class VideoRecorder:
-    """Writes each whole game of env 0 as an mp4 of what the agent sees (the newest 84x84 frame)."""
+    """Records games of env 0 as RGB mp4 files, `{folder}/game-{k}.mp4` for the k-th game.
 
-    def __init__(self, folder: str, fps: int = 30):
+    The C++ vector env returns only the agent's 84x84 grayscale stacks, so a one-env shadow of
+    env 0 (same game, seed and settings, full 210x160 RGB screens) is given env 0's actions and
+    plays the identical game. Frames stream to a background thread that encodes them with
+    ffmpeg as they come: training never waits for an encoder, and a long game is never held in
+    memory. `close()` finishes the last file; under --track each finished file goes to wandb.
+    """
+
+    def __init__(self, folder, env_id, seed, repeat_action_probability, max_episode_steps, schedule=capped_cubic,
+                 first_game: int = 0, track: bool = False, fps: int = 30):
+        import imageio_ffmpeg  # imported here: only video runs pay for it
+
         os.makedirs(folder, exist_ok=True)
-        # A resumed run writes to the same folder: number its games after the ones already there.
-        self.folder, self.fps, self.frames = folder, fps, []
-        self.games = len(glob.glob(os.path.join(folder, "game-*.mp4")))
+        self.folder, self.schedule, self.game, self.track, self.fps = folder, schedule, first_game, track, fps
+        self.shadow = make_envs(env_id, 1, repeat_action_probability, max_episode_steps, rgb_frames=True)
+        screen, _ = self.shadow.reset(seed=seed)
+        self.frames = queue.Queue(maxsize=1000)  # bounded: a stalled encoder slows training, never fills memory
+        self.encoder = threading.Thread(target=self.encode, args=(imageio_ffmpeg,), daemon=True)
+        self.encoder.start()
+        self.start_game(screen)
 
-    def add(self, obs_env0: np.ndarray, game_over: bool, final_obs_env0: np.ndarray | None = None):
-        self.frames.append(obs_env0[-1])
-        if game_over:
-            if final_obs_env0 is not None:
-                self.frames[-1] = final_obs_env0[-1]
-            self.write()
+    def start_game(self, screen):
+        self.recording = self.schedule(self.game)
+        if self.recording:
+            self.frames.put(os.path.join(self.folder, f"game-{self.game}.mp4"))
+            self.frames.put(screen[0, -1])
 
-    def write(self):
-        from moviepy import ImageSequenceClip  # imported here: only video runs pay for it
+    def step(self, action_env0: int):
+        screen, _, terminated, truncated, info = self.shadow.step(np.array([action_env0]))
+        if terminated[0] or truncated[0]:
+            if self.recording:
+                self.frames.put(info["final_obs"][0, -1])
+                self.frames.put(None)  # end of this file
+            self.game += 1
+            self.start_game(screen)
+        elif self.recording:
+            self.frames.put(screen[0, -1])
 
-        frames = [np.repeat(np.repeat(f, 2, 0), 2, 1)[..., None].repeat(3, -1) for f in self.frames]
-        path = os.path.join(self.folder, f"game-{self.games}.mp4")
-        ImageSequenceClip(frames, fps=self.fps).write_videofile(path, logger=None)
-        self.frames, self.games = [], self.games + 1
+    def encode(self, imageio_ffmpeg):
+        writer, path = None, None
+        while True:
+            item = self.frames.get()
+            if isinstance(item, str):
+                path = item
+                writer = imageio_ffmpeg.write_frames(path, (160, 210), fps=self.fps, macro_block_size=1)
+                writer.send(None)  # starts ffmpeg
+            elif item is None or item is STOP:
+                if writer is not None:
+                    writer.close()
+                    if self.track and item is None:
+                        import wandb
+
+                        wandb.log({"videos/game": wandb.Video(path, format="mp4")}, commit=False)
+                writer = None
+                if item is STOP:
+                    return
+            else:
+                writer.send(np.ascontiguousarray(item))
+
+    def close(self):
+        """Waits for the encoder. A game still being played is kept up to its last frame so far."""
+        self.frames.put(STOP)
+        self.encoder.join()
+        self.shadow.close()
+
+
+STOP = object()  # tells the encoder thread to finish
 
 
 # ---------------------------------------------------------------------------------------------
@@ -393,12 +487,22 @@ def average_gradients(agent: nn.Module, world_size: int):
         offset += g.numel()
 
 
-def parameter_digest(agent: nn.Module) -> str:
-    """A hash of the weights' bytes: equal digests mean bit-identical weights."""
+def tensor_digest(tensors) -> str:
+    """A hash of the tensors' bytes: equal digests mean bit-identical tensors."""
     digest = hashlib.sha256()
-    for tensor in agent.state_dict().values():
+    for tensor in tensors:
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+def parameter_digest(agent: nn.Module) -> str:
+    return tensor_digest(agent.state_dict().values())
+
+
+def optimizer_digest(optimizer_state: dict) -> str:
+    """A hash of an optimizer state_dict's tensors (Adam: step, exp_avg, exp_avg_sq of each parameter)."""
+    state = optimizer_state["state"]
+    return tensor_digest(tensor for i in sorted(state) for _, tensor in sorted(state[i].items()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -445,7 +549,8 @@ def set_rng_state(state: dict, device):
 
 
 def save_checkpoint(
-    folder: str, agent: Agent, optimizer, iteration: int, global_step: int, rng_states: list, args: Args, run_name: str
+    folder: str, agent: Agent, optimizer, iteration: int, global_step: int, rng_states: list, env0_games: int,
+    args: Args, run_name: str,
 ) -> str:
     """Everything a resumed run needs. Written to a temporary file, synced and renamed, so a crash
     leaves either the previous checkpoint or this one, never a truncated file. The newest two are kept."""
@@ -457,6 +562,7 @@ def save_checkpoint(
         "iteration": iteration,
         "global_step": global_step,
         "rng_states": rng_states,  # one per rank
+        "env0_games": env0_games,  # the games rank 0's env 0 finished: a resumed run numbers its videos on
         "args": vars(args),
         "run_name": run_name,
     }
@@ -475,22 +581,25 @@ def save_checkpoint(
     return path
 
 
-def read_checkpoint(resume: str, run_prefix: str) -> dict | str | None:
-    """The checkpoint `--resume` names: its contents, None when `auto` finds none, or an error message."""
+def read_checkpoint(resume: str, run_prefix: str) -> dict | None:
+    """The checkpoint `--resume` names, or None when `auto` finds none."""
     if resume == "auto":
         found = glob.glob(os.path.join("runs", f"{run_prefix}*", "checkpoints", "iteration-*.pt"))
         if not found:
+            print(f"--resume auto: no checkpoint of {run_prefix}* in runs/, starting a new run")
             return None
         path = max(found, key=os.path.getmtime)
+        print(f"--resume auto: {path}, the newest by modification time of {len(found)} checkpoints of {run_prefix}*")
     else:
         path = resume
     if not os.path.isfile(path):
-        return f"--resume {path!r}: no such checkpoint file (pass a runs/*/checkpoints/iteration-*.pt file or auto)"
+        fail(f"--resume {path!r}: no such checkpoint file (pass a runs/*/checkpoints/iteration-*.pt file or auto)")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-        payload["iteration"], payload["rng_states"], payload["optimizer"], payload["args"]["num_envs"]
+        payload["iteration"], payload["rng_states"], payload["optimizer"], payload["env0_games"]
+        payload["args"]["num_envs"]
     except Exception as e:  # an unreadable file or a saved model instead of a checkpoint
-        return f"--resume {path!r} is not a readable {os.path.basename(__file__)} checkpoint ({type(e).__name__})"
+        fail(f"--resume {path!r} is not a readable {os.path.basename(__file__)} checkpoint ({type(e).__name__})")
     payload["path"] = path
     return payload
 
@@ -502,6 +611,7 @@ def evaluate(
     device,
     seed: int = 0,
     repeat_action_probability: float = 0.0,
+    max_episode_steps: int = 27_000,
     video_folder: str | None = None,
     mixed_precision: str = "none",
 ) -> list[float]:
@@ -510,22 +620,28 @@ def evaluate(
     # Each env plays a fixed quota of games: keeping only the first games to finish would favour
     # short (bad) games.
     quota = np.array([eval_episodes // num_envs + (i < eval_episodes % num_envs) for i in range(num_envs)])
-    envs = make_envs(env_id, num_envs, repeat_action_probability)
+    envs = make_envs(env_id, num_envs, repeat_action_probability, max_episode_steps)
     stats = EpisodeStatistics(num_envs)
-    video = VideoRecorder(video_folder) if video_folder else None
+    if video_folder is not None:  # every evaluation game of env 0
+        video = VideoRecorder(
+            video_folder, env_id, seed, repeat_action_probability, max_episode_steps, schedule=lambda game: game < quota[0]
+        )
     returns = [[] for _ in range(num_envs)]
     obs, _ = envs.reset(seed=seed)
     while any(len(r) < q for r, q in zip(returns, quota)):
         with torch.inference_mode(), torch.autocast(device.type, torch.bfloat16, enabled=mixed_precision == "bf16"):
             action, _, _, _ = agent.get_action_and_value(torch.from_numpy(obs).to(device))
-        obs, reward, terminated, truncated, info = envs.step(action.cpu().numpy())
+        action = action.cpu().numpy()
+        obs, reward, terminated, truncated, info = envs.step(action)
         game_over = terminated | truncated
-        if video is not None and len(returns[0]) < quota[0]:
-            video.add(obs[0], bool(game_over[0]), info["final_obs"][0] if game_over[0] else None)
+        if video_folder is not None:
+            video.step(action[0])
         for i, episodic_return, _ in stats.step(reward, game_over):
             if len(returns[i]) < quota[i]:
                 returns[i].append(episodic_return)
     envs.close()
+    if video_folder is not None:
+        video.close()
     return [r for env_returns in returns for r in env_returns]
 
 
@@ -537,8 +653,8 @@ def run_evaluation(args: Args, device, writer: SummaryWriter | None, run_name: s
         env_id = args.env_id
     video_folder = f"videos/{run_name}-eval" if args.capture_video else None
     returns = evaluate(
-        agent, env_id, args.eval_episodes, device, args.seed, args.repeat_action_probability, video_folder,
-        args.mixed_precision,
+        agent, env_id, args.eval_episodes, device, args.seed, args.repeat_action_probability, args.max_episode_steps,
+        video_folder, args.mixed_precision,
     )
     for i, episodic_return in enumerate(returns):
         print(f"eval_episode={i}, episodic_return={episodic_return}")
@@ -551,29 +667,53 @@ def run_evaluation(args: Args, device, writer: SummaryWriter | None, run_name: s
 # ---------------------------------------------------------------------------------------------
 # Progress display
 # ---------------------------------------------------------------------------------------------
-def show_progress(global_step: int, total: int, sps: int, recent_returns: deque):
-    if not sys.stderr.isatty():
-        return
-    recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "-"
-    eta = (total - global_step) / max(sps, 1)
-    print(
-        f"\r{global_step:,}/{total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
-        f" | ETA {int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}   ",
-        end="",
-        file=sys.stderr,
-        flush=True,
-    )
+class Progress:
+    """How far the run is, for whoever reads its output: a live line on a terminal; elsewhere (a
+    log file, Slurm, nohup, a container) a plain line at most every `interval` seconds, and
+    always the first and the last one."""
+
+    def __init__(self, total_steps: int, interval: float):
+        self.total, self.interval, self.last_print = total_steps, interval, -float("inf")
+        self.on_terminal = sys.stderr.isatty()
+
+    def show(self, global_step: int, sps: int, recent_returns: deque):
+        now = time.time()
+        if not self.on_terminal and now - self.last_print < self.interval and global_step < self.total:
+            return
+        self.last_print = now
+        recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
+        eta = (self.total - global_step) / max(sps, 1)
+        line = (
+            f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
+            f" | ETA {int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}"
+        )
+        if self.on_terminal:
+            print(f"\r{line}   ", end="", file=sys.stderr, flush=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def close(self):
+        if self.on_terminal:
+            print(file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------
 def derive_sizes(args: Args):
-    """The job's sizes from the per-process ones. Every rank computes the same from the same input,
-    so a bad combination stops all of them before any collective call: no rank is left waiting."""
-    if min(args.local_num_envs, args.num_steps, args.num_minibatches, args.update_epochs, args.eval_episodes) < 1:
-        fail("--local-num-envs, --num-steps, --num-minibatches, --update-epochs and --eval-episodes must be positive")
-    args.num_envs = args.local_num_envs * args.world_size
+    """The job's sizes from the per-process ones (or from --num-envs). Every rank computes the same from
+    the same input, so a bad combination stops all of them before any collective call: no rank is left waiting."""
+    counts = (args.local_num_envs, args.num_steps, args.num_minibatches, args.update_epochs, args.eval_episodes)
+    if min(*counts, args.max_episode_steps, 1 if args.num_envs is None else args.num_envs) < 1:
+        fail(
+            "--local-num-envs, --num-envs, --num-steps, --num-minibatches, --update-epochs, --eval-episodes and "
+            "--max-episode-steps must be positive"
+        )
+    if args.num_envs is None:
+        args.num_envs = args.local_num_envs * args.world_size
+    elif args.num_envs % args.world_size != 0:
+        fail(f"--num-envs {args.num_envs} cannot be split evenly over {args.world_size} processes")
+    args.local_num_envs = args.num_envs // args.world_size
     args.batch_size = args.num_envs * args.num_steps
     args.local_batch_size = args.local_num_envs * args.num_steps
     # Each process cuts its own rollout into the minibatches: all run the same number, of equal size.
@@ -589,60 +729,70 @@ def derive_sizes(args: Args):
     args.num_iterations = args.total_timesteps // args.batch_size
 
 
+def resumable_world_sizes(num_envs: int, num_steps: int, num_minibatches: int) -> list[int]:
+    """The world sizes a run of `num_envs` environments can resume on: those that split the environments
+    evenly, into per-process rollouts that the minibatches divide."""
+    return [
+        w for w in range(1, num_envs + 1) if num_envs % w == 0 and num_envs // w * num_steps % num_minibatches == 0
+    ]
+
+
+def in_words(world_sizes: list[int]) -> str:
+    """[1, 2, 4] -> '1, 2 or 4 processes'."""
+    numbers = ", ".join(map(str, world_sizes[:-1])) + " or " if len(world_sizes) > 1 else ""
+    return f"{numbers}{world_sizes[-1]} process{'es' if world_sizes != [1] else ''}"
+
+
 def resize_for_checkpoint(args: Args, saved: dict):
     """A resumed run keeps the checkpoint's global batch. A new world size re-splits it: each process
-    then runs saved num_envs / world_size environments, whatever --local-num-envs says."""
+    then runs saved num_envs / world_size environments, whatever --local-num-envs or --num-envs say."""
     for field in ("env_id", "num_steps", "num_minibatches", "total_timesteps"):
         if getattr(args, field) != saved[field]:
             fail(
                 f"--resume: the checkpoint's run has {field}={saved[field]!r}, this command {getattr(args, field)!r}: "
                 "resume with the run's arguments"
             )
-    if saved["num_envs"] % args.world_size != 0:
+    world_sizes = resumable_world_sizes(saved["num_envs"], saved["num_steps"], saved["num_minibatches"])
+    if args.world_size not in world_sizes:
         fail(
             f"--resume: the run's {saved['num_envs']} environments cannot be split over {args.world_size} processes: "
-            f"resume with a world size that divides {saved['num_envs']}"
+            f"resume on {in_words(world_sizes)}"
         )
-    args.local_num_envs = saved["num_envs"] // args.world_size
+    args.num_envs = saved["num_envs"]
     derive_sizes(args)
 
 
-def main(args: Args):
-    # torchrun gives each process its global RANK, its LOCAL_RANK on its node and the WORLD_SIZE;
-    # a plain `python` run is a job of one process.
-    rank = int(os.environ.get("RANK", 0))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    args.world_size = int(os.environ.get("WORLD_SIZE", 1))
-    derive_sizes(args)
-    atari_game(args.env_id)  # an unknown env id fails here, before anything is written
-    if args.eval_checkpoint is None and args.num_iterations < 1:
-        fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch ({args.batch_size} steps)")
+# ---------------------------------------------------------------------------------------------
+# Set-up of a process of the job
+# ---------------------------------------------------------------------------------------------
+def process_device(args: Args, local_rank: int) -> torch.device:
+    """This process's GPU (cuda:LOCAL_RANK, or the LOCAL_RANK-th of --device-ids), or the CPU."""
+    if not (torch.cuda.is_available() and args.cuda):
+        return torch.device("cpu")
+    if args.device_ids is not None and len(args.device_ids) <= local_rank:
+        fail(f"--device-ids lists {len(args.device_ids)} GPUs, fewer than this node's processes", all_ranks=True)
+    gpu = args.device_ids[local_rank] if args.device_ids is not None else local_rank
+    if gpu >= torch.cuda.device_count():
+        fail(
+            f"process LOCAL_RANK={local_rank} needs cuda:{gpu} but this node has {torch.cuda.device_count()} "
+            "GPUs: start fewer processes per node or pass --device-ids",
+            all_ranks=True,
+        )
+    device = torch.device("cuda", gpu)
+    torch.cuda.set_device(device)
+    return device
+
+
+def start_process_group(args: Args, rank: int, device: torch.device) -> str:
+    """Joins this process to the job's process group; returns the backend.
+
+    destroy_process_group (bottom of the file) must really end the group: torch.distributed.nn,
+    which torch imports with the optimizer, takes `group=group.WORLD` as a default argument; imported
+    after this function it would keep the group, its gloo threads and sockets alive until the
+    interpreter exits, and a gloo thread that then drops its last collective's tensors needs the
+    GIL of a finalizing interpreter: std::terminate, SIGABRT. Hence its import at the top."""
     if args.backend not in ("auto", "nccl", "gloo"):
         fail(f"unknown backend {args.backend!r}: use auto, nccl or gloo")
-    if args.checkpoint_every < 0:
-        fail("--checkpoint-every must be 0 (never) or positive")
-
-    # Each rank draws its own actions and minibatches; the weights all come from rank 0 (below).
-    random.seed(args.seed + rank)
-    np.random.seed(args.seed + rank)
-    torch.manual_seed(args.seed + rank)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    if torch.cuda.is_available() and args.cuda:
-        if args.device_ids is not None and len(args.device_ids) <= local_rank:
-            fail(f"--device-ids lists {len(args.device_ids)} GPUs, fewer than this node's processes", all_ranks=True)
-        gpu = args.device_ids[local_rank] if args.device_ids is not None else local_rank
-        if gpu >= torch.cuda.device_count():
-            fail(
-                f"process LOCAL_RANK={local_rank} needs cuda:{gpu} but this node has {torch.cuda.device_count()} "
-                "GPUs: start fewer processes per node or pass --device-ids",
-                all_ranks=True,
-            )
-        device = torch.device("cuda", gpu)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    autocast = lambda: torch.autocast(device.type, torch.bfloat16, enabled=args.mixed_precision == "bf16")
-
     backend = args.backend if args.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
     if backend == "nccl" and device.type != "cuda":
         fail("--backend nccl needs a GPU in every process: use --backend gloo (or auto)")
@@ -657,31 +807,84 @@ def main(args: Args):
         dist.init_process_group(backend)  # MASTER_ADDR and MASTER_PORT: a store of this job's own
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return backend
 
-    # Rank 0 names the run and reads the checkpoint, then hands both to every rank: all ranks resume
-    # together, and only rank 0's node needs the files. An error found by rank 0 stops every rank.
+
+def name_run_and_read_checkpoint(args: Args, rank: int) -> tuple[str, dict | None]:
+    """The run's name and, under --resume, its checkpoint: the same on every rank.
+
+    Rank 0 names the run and reads the checkpoint, then hands both to every rank: all ranks resume
+    together, and only rank 0's node needs the files. An error found by rank 0 stops every rank. A
+    resumed run keeps its name and its global batch, re-split over this world size."""
     run_prefix = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__"
-    shared = [f"{run_prefix}{int(time.time())}", None]
+    shared = {"run_name": f"{run_prefix}{int(time.time())}", "checkpoint": None, "error": None}
     if rank == 0 and args.resume is not None and args.eval_checkpoint is None:
-        shared[1] = read_checkpoint(args.resume, run_prefix)
-        if shared[1] is None:
-            print(f"--resume auto: no checkpoint of {run_prefix}* in runs/, starting a new run")
-    dist.broadcast_object_list(shared, src=0)
-    run_name, checkpoint = shared
-    if isinstance(checkpoint, str):
-        fail(checkpoint)
+        try:
+            shared["checkpoint"] = read_checkpoint(args.resume, run_prefix)
+        except UserError as e:  # stops every rank, not rank 0 alone
+            shared["error"] = str(e)
+    box = [shared]
+    dist.broadcast_object_list(box, src=0)
+    run_name, checkpoint, error = box[0]["run_name"], box[0]["checkpoint"], box[0]["error"]
+    if error is not None:
+        fail(error)
     if checkpoint is not None:
         run_name = checkpoint["run_name"]
         saved_world_size, requested_local_num_envs = checkpoint["args"]["world_size"], args.local_num_envs
         resize_for_checkpoint(args, checkpoint["args"])
-        if rank == 0:
-            print(f"resuming {run_name} from {checkpoint['path']} (iteration {checkpoint['iteration']})")
-            if saved_world_size != args.world_size or args.local_num_envs != requested_local_num_envs:
-                print(
-                    f"the run's {args.num_envs} environments (on {saved_world_size} processes before) are split over "
-                    f"{args.world_size} processes: {args.local_num_envs} per process"
-                )
+        if rank == 0 and (saved_world_size != args.world_size or args.local_num_envs != requested_local_num_envs):
+            print(
+                f"the run's {args.num_envs} environments (on {saved_world_size} processes before) are split over "
+                f"{args.world_size} processes: {args.local_num_envs} per process"
+            )
+    return run_name, checkpoint
 
+
+def restore(checkpoint: dict, agent: Agent, optimizer, args: Args, rank: int, device) -> tuple[int, int]:
+    """Loads a checkpoint's weights, optimizer and random streams; returns its iteration and global step."""
+    agent.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    # The optimizer state brings back the checkpoint's learning rate; this command's is the one
+    # to use (the annealing sets it again each iteration when it is on).
+    optimizer.param_groups[0]["lr"] = args.learning_rate
+    if checkpoint["args"]["world_size"] == args.world_size:
+        set_rng_state(checkpoint["rng_states"][rank], device)
+    else:  # the old ranks' streams do not map onto the new ones: fresh, distinct streams
+        torch.manual_seed(args.seed + checkpoint["iteration"] * args.world_size + rank)
+    if rank == 0:
+        print(
+            f"resuming {checkpoint['run_name']} from {checkpoint['path']}: iteration {checkpoint['iteration']}, "
+            f"weights sha256 {parameter_digest(agent)}, optimizer sha256 {optimizer_digest(optimizer.state_dict())}",
+            flush=True,
+        )
+    return checkpoint["iteration"], checkpoint["global_step"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+def main(args: Args):
+    # torchrun gives each process its global RANK, its LOCAL_RANK on its node and the WORLD_SIZE;
+    # a plain `python` run is a job of one process.
+    rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
+    args.world_size = int(os.environ.get("WORLD_SIZE", 1))
+    derive_sizes(args)
+    atari_game(args.env_id)  # an unknown env id fails here, before anything is written
+    if args.eval_checkpoint is None and args.num_iterations < 1:
+        fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch ({args.batch_size} steps)")
+    if args.checkpoint_every < 0:
+        fail("--checkpoint-every must be 0 (never) or positive")
+
+    # Each rank draws its own actions and minibatches; the weights all come from rank 0 (below).
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
+    torch.manual_seed(args.seed + rank)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = process_device(args, local_rank)
+    autocast = lambda: torch.autocast(device.type, torch.bfloat16, enabled=args.mixed_precision == "bf16")
+    backend = start_process_group(args, rank, device)
+
+    run_name, checkpoint = name_run_and_read_checkpoint(args, rank)
     writer = None
     if rank == 0:
         if args.track:
@@ -712,22 +915,14 @@ def main(args: Args):
             writer.close()
         return
 
-    envs = make_envs(args.env_id, args.local_num_envs, args.repeat_action_probability)
+    envs = make_envs(args.env_id, args.local_num_envs, args.repeat_action_probability, args.max_episode_steps)
     num_actions = int(envs.single_action_space.n)
     agent = Agent(num_actions).to(device).to(memory_format=torch.channels_last)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    start_iteration, global_step = 0, 0
+    start_iteration, global_step, env0_games = 0, 0, 0
     if checkpoint is not None:
-        agent.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        # The optimizer state brings back the checkpoint's learning rate; this command's is the one
-        # to use (the annealing below sets it again each iteration when it is on).
-        optimizer.param_groups[0]["lr"] = args.learning_rate
-        start_iteration, global_step = checkpoint["iteration"], checkpoint["global_step"]
-        if saved_world_size == args.world_size:
-            set_rng_state(checkpoint["rng_states"][rank], device)
-        else:  # the old ranks' streams do not map onto the new ones: fresh, distinct streams
-            torch.manual_seed(args.seed + start_iteration * args.world_size + rank)
+        start_iteration, global_step = restore(checkpoint, agent, optimizer, args, rank, device)
+        env0_games = checkpoint["env0_games"]
         del checkpoint
     # Every rank starts from rank 0's weights, bit for bit.
     for tensor in agent.state_dict().values():
@@ -751,6 +946,10 @@ def main(args: Args):
             f"({args.local_minibatch_size} per process), {args.num_iterations} iterations",
             flush=True,
         )
+        if args.checkpoint_every and start_iteration == 0:
+            # A restart on a world size that cannot split the environments fails on every restart alike.
+            world_sizes = resumable_world_sizes(args.num_envs, args.num_steps, args.num_minibatches)
+            print(f"this run's {args.num_envs} environments can resume on {in_words(world_sizes)}", flush=True)
     print(
         f"rank {rank}/{args.world_size}: pid {os.getpid()}, {device}, {backend}, {torch.get_num_threads()} threads, "
         f"env seeds {env_seed}..{env_seed + args.local_num_envs - 1}",
@@ -764,7 +963,13 @@ def main(args: Args):
     lives = info["lives"].copy()
     episode_stats = EpisodeStatistics(args.local_num_envs)
     recent_returns = deque(maxlen=20)
-    video = VideoRecorder(f"videos/{run_name}") if args.capture_video and rank == 0 else None
+    progress = Progress(args.num_iterations * args.batch_size, args.progress_interval)
+    video = None
+    if args.capture_video and rank == 0:
+        video = VideoRecorder(
+            f"videos/{run_name}", args.env_id, env_seed, args.repeat_action_probability, args.max_episode_steps,
+            first_game=env0_games, track=args.track,
+        )
 
     for iteration in range(start_iteration + 1, args.num_iterations + 1):
         if args.anneal_lr:
@@ -781,7 +986,8 @@ def main(args: Args):
             actions[step] = action
             logprobs[step] = logprob
 
-            next_obs_np, reward, terminated, truncated, info = envs.step(action.cpu().numpy())
+            action = action.cpu().numpy()
+            next_obs_np, reward, terminated, truncated, info = envs.step(action)
             game_over = terminated | truncated
             # Episodic life: losing a life ends the learning episode (the game goes on), which
             # makes the value of losing a life visible to the agent.
@@ -800,7 +1006,8 @@ def main(args: Args):
             next_obs = torch.from_numpy(next_obs_np).to(device)
 
             if video is not None:
-                video.add(next_obs_np[0], bool(game_over[0]), info["final_obs"][0] if game_over[0] else None)
+                video.step(action[0])
+            env0_games += bool(game_over[0])
             # The env steps of one vector step of the job count as consecutive global steps, in the
             # order of the job's env index (rank * local_num_envs + i), so every game is logged at a
             # step of its own.
@@ -869,7 +1076,7 @@ def main(args: Args):
             writer.add_scalar("losses/explained_variance", explained_var, global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
             writer.add_scalar("charts/world_size", args.world_size, global_step)
-            show_progress(global_step, args.num_iterations * args.batch_size, sps, recent_returns)
+            progress.show(global_step, sps, recent_returns)
 
         if args.checkpoint_every and (iteration % args.checkpoint_every == 0 or iteration == args.num_iterations):
             # The weights and the optimizer are the same on every rank; the random streams are not.
@@ -878,19 +1085,21 @@ def main(args: Args):
             if rank == 0:
                 writer.flush()  # everything up to this checkpoint is on disk before it counts
                 path = save_checkpoint(
-                    f"runs/{run_name}/checkpoints", agent, optimizer, iteration, global_step, rng_states, args, run_name
+                    f"runs/{run_name}/checkpoints", agent, optimizer, iteration, global_step, rng_states, env0_games,
+                    args, run_name,
                 )
                 print(f"checkpoint {path}", flush=True)
 
     if rank == 0:
-        if sys.stderr.isatty():
-            print(file=sys.stderr)
+        progress.close()
         recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
         print(
             f"finished {args.num_iterations} iterations, {global_step} steps, {sps} SPS, "
             f"mean return of the last {len(recent_returns)} games {recent}"
         )
     envs.close()
+    if video is not None:
+        video.close()
 
     # Every rank must end with the same weights: a difference is a bug in the synchronisation.
     digests = [None] * args.world_size
@@ -910,7 +1119,11 @@ def main(args: Args):
 
 if __name__ == "__main__":
     try:
-        main(tyro.cli(Args))
+        # Under torchrun, `record` writes a failing worker's error to torchrun's error file: its failure
+        # report then names the script's message as the root cause.
+        record(main, error_handler=OneLineUserErrors())(tyro.cli(Args))
+    except UserError as e:
+        sys.exit(f"error: {e}" if e.printed else 1)
     finally:  # on success and on error alike
         if dist.is_initialized():
             dist.destroy_process_group()

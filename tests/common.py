@@ -1,13 +1,16 @@
 """Helpers shared by the tests: run a script, read its TensorBoard logs, a reference GAE, and the
 checks that every script of a family must pass."""
 
+import functools
 import glob
+import io
 import os
 import re
 import socket
 import subprocess
 import sys
 
+import gymnasium as gym
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -39,11 +42,38 @@ DQN_TAGS = [
 ]
 
 
+# A stand-in training script that prints the scripts' progress lines (for the benchmark tools' tests).
+FAKE_TRAIN = os.path.join(REPO_ROOT, "tests", "fake_train.py")
+
+
+def subprocess_environment(env: dict | None = None) -> dict:
+    return {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **(env or {})}
+
+
 def run_script(script: str, *args: str, cwd, env: dict | None = None, timeout: int = 600, launcher=None):
     """Runs `cleanrl/{script}` with args in `cwd`; returns the CompletedProcess (text output)."""
     command = (launcher or [sys.executable]) + [os.path.join(REPO_ROOT, "cleanrl", script), *args]
-    full_env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        command, cwd=cwd, env=subprocess_environment(env), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def run_tool(tool: str, *args: str, cwd, env: dict | None = None, timeout: int = 120):
+    """Runs `benchmark/{tool}` with args in `cwd`; returns the CompletedProcess (text output)."""
+    command = [sys.executable, os.path.join(REPO_ROOT, "benchmark", tool), *args]
+    return subprocess.run(
+        command, cwd=cwd, env=subprocess_environment(env), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def is_alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie (a zombie has exited and only waits to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def free_port() -> int:
@@ -123,6 +153,20 @@ def assert_user_error(result, *fragments: str):
     assert last_line.startswith("error:"), result.stderr
     for fragment in fragments:
         assert fragment in last_line, last_line
+
+
+def assert_main_fails_with(main, args, *fragments: str):
+    """main(args), called in this process, stops with a one-line `error: ...` message naming the
+    problem (what `fail()` gives the shell as stderr and exit status 1). Cheaper than a subprocess
+    per case; `assert_user_error` checks the whole path once per script."""
+    import pytest
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    message = exit_info.value.code
+    assert isinstance(message, str) and message.startswith("error:") and "\n" not in message, message
+    for fragment in fragments:
+        assert fragment in message, message
 
 
 def assert_saved_model_loads_identically(module, tmp_path):
@@ -222,27 +266,37 @@ def assert_target_update_copies_or_averages(update_target, make_network):
 class RecordingEnvs:
     """Wraps a script's vector env and keeps what every step returned, so a test can hold the
     script's rollout against what the environment really did. steps[t] = (reward, terminated,
-    truncated, info) of vector step t, as numpy copies."""
+    truncated, info) of vector step t, as numpy copies. With `observations`, also every observation
+    that reset and step returned, in order (off by default: Atari's are large)."""
 
-    def __init__(self, envs):
+    def __init__(self, envs, observations: bool = False):
         self.envs, self.steps = envs, []
+        self.observations = [] if observations else None
 
     def __getattr__(self, name):
         return getattr(self.envs, name)
+
+    def reset(self, *args, **kwargs):
+        obs, info = self.envs.reset(*args, **kwargs)
+        if self.observations is not None:
+            self.observations.append(np.array(obs, copy=True))
+        return obs, info
 
     def step(self, actions):
         obs, reward, terminated, truncated, info = self.envs.step(actions)
         copied_info = {key: np.array(value, copy=True) for key, value in info.items()}
         self.steps.append((reward.copy(), terminated.copy(), truncated.copy(), copied_info))
+        if self.observations is not None:
+            self.observations.append(np.array(obs, copy=True))
         return obs, reward, terminated, truncated, info
 
 
-def recording_make_envs(module, monkeypatch) -> list[RecordingEnvs]:
+def recording_make_envs(module, monkeypatch, observations: bool = False) -> list[RecordingEnvs]:
     """Makes every `module.make_envs(...)` call return a RecordingEnvs; returns the list of them."""
     made, real_make_envs = [], module.make_envs
 
     def make_envs(*args, **kwargs):
-        made.append(RecordingEnvs(real_make_envs(*args, **kwargs)))
+        made.append(RecordingEnvs(real_make_envs(*args, **kwargs), observations))
         return made[-1]
 
     monkeypatch.setattr(module, "make_envs", make_envs)
@@ -293,3 +347,162 @@ def assert_progress_lines_off_a_terminal(script: str, short_run: list[str], firs
     assert [line.split(" steps")[0] for line in rare.stderr.splitlines() if " SPS | " in line] == [
         first_steps[0], f"{total}/{total}"
     ], "the first and the last line, whatever the interval"
+
+
+# The plain progress line of CONVENTIONS.md, printed on stderr off a terminal.
+PROGRESS_LINE = re.compile(
+    r"^([\d,]+)/([\d,]+) steps \| ([\d,]+) SPS \| return \(last (\d+)\) (\S+) \| ETA \d+:\d\d:\d\d$"
+)
+
+
+def progress_steps(stderr: str) -> list[int]:
+    """The global steps of the plain progress lines in a script's stderr. Every line that starts
+    like one (`N/M steps | `) must have the whole format, and the recent return is `-` or a number
+    with 2 decimals."""
+    steps = []
+    for line in stderr.splitlines():
+        if not re.match(r"^[\d,]+/[\d,]+ steps \| ", line):
+            continue
+        match = PROGRESS_LINE.match(line)
+        assert match, f"malformed progress line: {line!r}"
+        assert "\r" not in line
+        recent = match.group(5)
+        assert recent == "-" or re.fullmatch(r"-?\d+\.\d\d", recent), line
+        steps.append(int(match.group(1).replace(",", "")))
+    return steps
+
+
+@functools.cache
+def mujoco_offscreen_rendering_error() -> str | None:
+    """Why MuJoCo cannot render offscreen here (EGL, as the scripts choose without a display), or
+    None when it can. Probed once, in a fresh process, as a script would do it."""
+    probe = (
+        "import os; os.environ.setdefault('MUJOCO_GL', 'egl'); import gymnasium as gym; "
+        "env = gym.make('InvertedPendulum-v5', render_mode='rgb_array'); env.reset(seed=0); "
+        "assert env.render().shape[-1] == 3"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    if result.returncode == 0:
+        return None
+    return (result.stderr.strip().splitlines() or ["unknown error"])[-1]
+
+
+def eval_returns(stdout: str) -> list[float]:
+    """The returns an evaluation printed, one `eval_episode=i, episodic_return=R` line per episode."""
+    return [float(x) for x in re.findall(r"eval_episode=\d+, episodic_return=(\S+)", stdout)]
+
+
+class StepCountEnv(gym.Env):
+    """A continuous-control env whose every number is known: the observation is [t, 1], t the step
+    within the episode; the reward of step t is t; it terminates after exactly `length` steps (never,
+    if length is None). Actions must lie in the asymmetric bounds [-2, 2] x [0, 1]."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float64)
+    action_space = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32))
+
+    def __init__(self, length: int | None = None):
+        self.length = length
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0, 1.0]), {}
+
+    def step(self, action):
+        assert self.action_space.contains(np.asarray(action, np.float32)), f"action {action} out of bounds"
+        self.t += 1
+        terminated = self.length is not None and self.t >= self.length
+        return np.array([float(self.t), 1.0]), float(self.t), terminated, False, {}
+
+
+# Cut by a time limit after 4 steps, or terminated after 5.
+gym.register("StepCountTruncatedAfter4-v0", entry_point=StepCountEnv, max_episode_steps=4)
+gym.register("StepCountTerminatesAfter5-v0", entry_point=StepCountEnv, kwargs={"length": 5})
+
+
+class FakeStderr(io.StringIO):
+    def __init__(self, tty: bool):
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def assert_progress_follows_the_convention(progress_class, monkeypatch):
+    """A script's Progress(total, interval) with show(global_step, sps, recent_returns) and close():
+    on a terminal a live `\\r` line per call and a newline at close; off one, plain lines, at most
+    one per interval but always the first and the last (global_step == total); the text of
+    CONVENTIONS.md."""
+    from collections import deque
+
+    calls = [(1000, 1234, deque()), (2000, 1500, deque([1.0, 2.0])), (3000, 1500, deque([1.0, 2.0, 4.5]))]
+    expected = [
+        "1,000/3,000 steps | 1,234 SPS | return (last 0) - | ETA 0:00:01",
+        "2,000/3,000 steps | 1,500 SPS | return (last 2) 1.50 | ETA 0:00:00",
+        "3,000/3,000 steps | 1,500 SPS | return (last 3) 2.50 | ETA 0:00:00",
+    ]
+    for tty, interval, lines in [(False, 3600.0, [expected[0], expected[2]]), (False, 0.0, expected), (True, 3600.0, None)]:
+        stderr = FakeStderr(tty)
+        monkeypatch.setattr(sys, "stderr", stderr)
+        progress = progress_class(3000, interval)
+        for step, sps, recent in calls:
+            progress.show(step, sps, recent)
+        progress.close()
+        monkeypatch.undo()
+        output = stderr.getvalue()
+        if tty:
+            assert output.count("\r") == 3 and output.endswith("\n") and output.count("\n") == 1, repr(output)
+            assert [part.rstrip() for part in output.strip().split("\r") if part] == expected
+        else:
+            assert output.splitlines() == lines and "\r" not in output, repr(output)
+    hours = progress_class(10_000_000, 0.0)
+    stderr = FakeStderr(False)
+    monkeypatch.setattr(sys, "stderr", stderr)
+    hours.show(1_000_000, 100, deque([-3.0]))
+    monkeypatch.undo()
+    assert stderr.getvalue() == "1,000,000/10,000,000 steps | 100 SPS | return (last 1) -3.00 | ETA 25:00:00\n"
+
+
+def assert_rollout_dones_and_rewards(module, monkeypatch, run_main, args):
+    """Runs `run_main(args)` (one iteration of a torch Atari script) and holds its rollout against
+    what the environments did: `dones` at every life loss, game over and time limit; rewards
+    clipped to their sign, plus gamma * V(the real last observation) where the time limit stopped
+    a game (truncated, not terminated), nothing for a game over. compute_gae sees the rollout
+    before any update, with the agent that played it: the expected values are computed there.
+    `args` must make the time limit and some life losses happen (both are asserted)."""
+    import torch
+
+    made = recording_make_envs(module, monkeypatch)
+    agents, real_agent = [], module.Agent
+    monkeypatch.setattr(module, "Agent", lambda *a: agents.append(real_agent(*a)) or agents[-1])
+    seen, real_compute_gae = {}, module.compute_gae
+
+    def compute_gae(rewards, values, dones, *rest):
+        if not seen:
+            seen.update(rewards=rewards.clone(), dones=dones.clone(), final_values={})
+            for t, (_, _, truncated, info) in enumerate(made[0].steps):
+                if truncated.any():
+                    with torch.inference_mode():
+                        final_obs = torch.from_numpy(info["final_obs"])
+                        seen["final_values"][t] = agents[0].get_value(final_obs).flatten().numpy()
+        return real_compute_gae(rewards, values, dones, *rest)
+
+    monkeypatch.setattr(module, "compute_gae", compute_gae)
+    run_main(args)
+
+    lives = np.full(len(made[0].steps[0][0]), 5)
+    life_losses = truncations = 0
+    for t, (reward, terminated, truncated, info) in enumerate(made[0].steps):
+        life_lost = (info["lives"] < lives) & ~(terminated | truncated)
+        lives = info["lives"]
+        expected_done = (terminated | truncated | life_lost).astype(np.float32)
+        np.testing.assert_array_equal(seen["dones"][t].numpy(), expected_done, err_msg=f"step {t}")
+        expected_reward = np.sign(reward)
+        if truncated.any():  # a time limit, not a death: plus gamma * V(the real last observation)
+            expected_reward = expected_reward + args.gamma * seen["final_values"][t] * (truncated & ~terminated)
+        np.testing.assert_allclose(seen["rewards"][t].numpy(), expected_reward, rtol=1e-6, atol=1e-6)
+        life_losses += life_lost.sum()
+        truncations += (truncated & ~terminated).sum()
+    assert life_losses > 0 and truncations > 0, (life_losses, truncations)

@@ -2,7 +2,8 @@
 accepted, with the same meaning and default, except the differences each docs page lists.
 
 The defaults below are those of CleanRL's scripts (the `Args` dataclasses of ppo.py, ppo_atari.py,
-ppo_atari_envpool.py, dqn.py and dqn_atari.py in the vwxyzjn/cleanrl repository), written down as facts."""
+ppo_atari_envpool.py, ppo_continuous_action.py, sac_continuous_action.py, dqn.py and dqn_atari.py in
+the vwxyzjn/cleanrl repository), written down as facts."""
 
 import dataclasses
 
@@ -15,6 +16,8 @@ import cleanrl.dqn_atari as dqn_atari
 import cleanrl.ppo as ppo
 import cleanrl.ppo_atari as ppo_atari
 import cleanrl.ppo_atari_envpool as ppo_atari_envpool
+import cleanrl.ppo_continuous_action as ppo_continuous_action
+import cleanrl.sac_continuous_action as sac_continuous_action
 
 EXPERIMENT = dict(
     seed=1, torch_deterministic=True, cuda=True, track=False, wandb_project_name="cleanRL", wandb_entity=None,
@@ -33,9 +36,20 @@ CLEANRL_DEFAULTS = {
     ppo_atari_envpool: dict(
         **EXPERIMENT, **PPO_ALGORITHM, env_id="Pong-v5", total_timesteps=10_000_000, num_envs=8, clip_coef=0.1,
     ),
+    ppo_continuous_action: dict(
+        **EXPERIMENT, **{**PPO_ALGORITHM, "learning_rate": 3e-4, "num_steps": 2048, "num_minibatches": 32,
+                         "update_epochs": 10, "ent_coef": 0.0},
+        save_model=False, env_id="HalfCheetah-v4", total_timesteps=1_000_000, num_envs=1, clip_coef=0.2,
+    ),
 }
 DQN_ALGORITHM = dict(num_envs=1, gamma=0.99, tau=1.0, start_e=1.0, save_model=False)
-DQN_CLEANRL_DEFAULTS = {
+# Other algorithms: their own flags.
+CLEANRL_OTHER_DEFAULTS = {
+    sac_continuous_action: dict(
+        **EXPERIMENT, env_id="Hopper-v4", total_timesteps=1_000_000, buffer_size=1_000_000, gamma=0.99, tau=0.005,
+        batch_size=256, learning_starts=5000, policy_lr=3e-4, q_lr=1e-3, policy_frequency=2,
+        target_network_frequency=1, alpha=0.2, autotune=True,
+    ),
     dqn: dict(
         **EXPERIMENT, **DQN_ALGORITHM, env_id="CartPole-v1", total_timesteps=500_000, learning_rate=2.5e-4,
         buffer_size=10_000, target_network_frequency=500, batch_size=128, end_e=0.05, exploration_fraction=0.5,
@@ -48,16 +62,20 @@ DQN_CLEANRL_DEFAULTS = {
     ),
 }
 # Where a default differs on purpose; each is explained in the script's docs page.
-DIFFERENT_DEFAULTS = {ppo_atari_envpool: {"env_id": "Breakout-v5"}}  # one game for all the Atari scripts
+DIFFERENT_DEFAULTS = {
+    ppo_atari_envpool: {"env_id": "Breakout-v5"},  # one game for all the Atari scripts
+    ppo_continuous_action: {"env_id": "HalfCheetah-v5"},  # gymnasium 1.x's MuJoCo tasks
+    sac_continuous_action: {"env_id": "HalfCheetah-v5"},
+}
 
 
 @pytest.mark.parametrize(
-    "module", list(CLEANRL_DEFAULTS) + list(DQN_CLEANRL_DEFAULTS), ids=lambda m: m.__name__.split(".")[-1]
+    "module", {**CLEANRL_DEFAULTS, **CLEANRL_OTHER_DEFAULTS}, ids=lambda m: m.__name__.split(".")[-1]
 )
 def test_every_cleanrl_flag_exists_with_cleanrl_default(module):
     args = tyro.cli(module.Args, args=[])
     fields = {field.name for field in dataclasses.fields(module.Args)}
-    for name, cleanrl_default in {**CLEANRL_DEFAULTS, **DQN_CLEANRL_DEFAULTS}[module].items():
+    for name, cleanrl_default in {**CLEANRL_DEFAULTS, **CLEANRL_OTHER_DEFAULTS}[module].items():
         assert name in fields, f"--{name.replace('_', '-')} is missing"
         expected = DIFFERENT_DEFAULTS.get(module, {}).get(name, cleanrl_default)
         assert getattr(args, name) == expected, name
@@ -81,7 +99,7 @@ def test_cleanrl_command_line_flags_parse_with_their_meaning(module):
     assert (args.torch_deterministic, args.norm_adv, args.clip_vloss, args.learning_rate) == (False, False, False, 1e-3)
 
 
-@pytest.mark.parametrize("module", DQN_CLEANRL_DEFAULTS, ids=lambda m: m.__name__.split(".")[-1])
+@pytest.mark.parametrize("module", [dqn, dqn_atari], ids=lambda m: m.__name__.split(".")[-1])
 def test_cleanrl_dqn_command_line_flags_parse_with_their_meaning(module):
     args = tyro.cli(
         module.Args,
@@ -110,6 +128,16 @@ def test_cleanrl_dqn_command_line_flags_parse_with_their_meaning(module):
         (
             "ppo_atari_envpool.py",
             ["--env-id", "Breakout-v5", "--seed", "1", "--total-timesteps", "256", "--num-envs", "2"],
+        ),
+        (
+            "ppo_continuous_action.py",
+            ["--env-id", "Hopper-v4", "--seed", "1", "--total-timesteps", "256", "--num-steps", "128",
+             "--num-minibatches", "2"],
+        ),
+        (
+            "sac_continuous_action.py",
+            ["--env-id", "Hopper-v4", "--seed", "1", "--total-timesteps", "150", "--learning-starts", "100",
+             "--batch-size", "32"],
         ),
         ("dqn.py", ["--env-id", "CartPole-v1", "--seed", "1", "--total-timesteps", "500", "--learning-starts", "400"]),
         (

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from common import (
-    assert_corrupt_checkpoint_rejected, assert_progress_lines_off_a_terminal, assert_videos_show_whole_games_of_env_0, capped_cubic_games,
+    assert_corrupt_checkpoint_rejected, assert_rollout_dones_and_rewards, assert_progress_lines_off_a_terminal, assert_videos_show_whole_games_of_env_0, capped_cubic_games,
     recording_make_envs, assert_evaluation_printed, assert_gae_matches_reference,
     assert_saved_model_loads_identically, assert_short_atari_run_logged, assert_user_error, read_scalars, run_dirs,
     run_script,
@@ -166,41 +166,10 @@ def test_evaluation_plays_the_requested_number_of_whole_games(monkeypatch):
 
 def test_rollout_ends_episodes_at_life_losses_and_bootstraps_only_time_limits(tmp_path, monkeypatch):
     # One iteration of 2 envs x 128 steps with a 60-step time limit: random play loses lives,
-    # finishes games and hits the limit. compute_gae sees the rollout before any update, with the
-    # agent that played it: the expected bootstrap values are computed there.
+    # finishes games and hits the limit.
     monkeypatch.chdir(tmp_path)
-    made = recording_make_envs(ppo_atari, monkeypatch)
-    agents, real_agent = [], ppo_atari.Agent
-    monkeypatch.setattr(ppo_atari, "Agent", lambda *a: agents.append(real_agent(*a)) or agents[-1])
-    seen, real_compute_gae = {}, ppo_atari.compute_gae
-
-    def compute_gae(rewards, values, dones, *rest):
-        if not seen:
-            seen.update(rewards=rewards.clone(), dones=dones.clone(), final_values={})
-            for t, (_, _, truncated, info) in enumerate(made[0].steps):
-                if truncated.any():
-                    with torch.inference_mode():
-                        final_obs = torch.from_numpy(info["final_obs"])
-                        seen["final_values"][t] = agents[0].get_value(final_obs).flatten().numpy()
-        return real_compute_gae(rewards, values, dones, *rest)
-
-    monkeypatch.setattr(ppo_atari, "compute_gae", compute_gae)
-    ppo_atari.main(ppo_atari.Args(num_envs=2, num_steps=128, total_timesteps=256, max_episode_steps=60))
-
-    lives = np.full(2, 5)
-    life_losses = truncations = 0
-    for t, (reward, terminated, truncated, info) in enumerate(made[0].steps):
-        life_lost = (info["lives"] < lives) & ~(terminated | truncated)
-        lives = info["lives"]
-        expected_done = (terminated | truncated | life_lost).astype(np.float32)
-        np.testing.assert_array_equal(seen["dones"][t].numpy(), expected_done, err_msg=f"step {t}")
-        expected_reward = np.sign(reward)
-        if truncated.any():  # a time limit, not a death: plus gamma * V(the real last observation)
-            expected_reward = expected_reward + 0.99 * seen["final_values"][t] * (truncated & ~terminated)
-        np.testing.assert_allclose(seen["rewards"][t].numpy(), expected_reward, rtol=1e-6, atol=1e-6)
-        life_losses += life_lost.sum()
-        truncations += (truncated & ~terminated).sum()
-    assert life_losses > 0 and truncations > 0, (life_losses, truncations)
+    args = ppo_atari.Args(num_envs=2, num_steps=128, total_timesteps=256, max_episode_steps=60)
+    assert_rollout_dones_and_rewards(ppo_atari, monkeypatch, ppo_atari.main, args)
 
 
 def test_wandb_offline_run_is_created_with_the_videos(tmp_path):

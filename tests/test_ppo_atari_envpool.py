@@ -1,7 +1,6 @@
 """Specification of cleanrl/ppo_atari_envpool.py, and of the envpool behaviour it relies on."""
 
 import glob
-import os
 
 import numpy as np
 import pytest

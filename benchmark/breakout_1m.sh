@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The learning figures and table of docs/benchmarks.md, "Breakout, 1M steps, four scripts": the four
+# PPO Atari scripts on Breakout for 1M steps, seeds 1 and 2, one run at a time (--workers 1: on the
+# project's 2-core machine each single-process run gets both cores, the torchrun run one core per
+# process), then the plots. ppo_atari_multigpu.py runs 2 processes of 4 envs each, so its batch
+# (8 envs x 128 steps) and minibatches are those of the other three scripts.
+# Time on the 2-core machine: 35-70 minutes per run, about 5-7 hours in all.
+#
+#     bash benchmark/breakout_1m.sh        # from anywhere; writes benchmark/results/breakout_1m/ and docs/img/breakout_1m/*.png
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+study="$repo/benchmark/results/breakout_1m"
+mkdir -p "$study"
+cd "$study"   # runs/ and logs/ of this study go here
+
+python "$repo/benchmark/run.py" --env-ids BreakoutNoFrameskip-v4 --seeds 1 2 --workers 1 \
+    --command "python $repo/cleanrl/ppo_atari.py --total-timesteps 1000000" \
+              "python $repo/cleanrl/ppo_atari_envpool.py --total-timesteps 1000000" \
+              "python $repo/cleanrl/ppo_atari_envpool_xla_jax_scan.py --total-timesteps 1000000" \
+              "torchrun --standalone --nproc-per-node=2 $repo/cleanrl/ppo_atari_multigpu.py --local-num-envs 4 --total-timesteps 1000000"
+
+python "$repo/benchmark/plot.py" learning --runs-dir "$study/runs" --out-dir "$study/plots"
+# The figures go to the docs; the table (printed above, and in plots/results.md) is pasted into
+# docs/benchmarks.md by hand (a .md file under docs/ would become a page of the site).
+mkdir -p "$repo/docs/img/breakout_1m"
+cp "$study"/plots/*.png "$repo/docs/img/breakout_1m/"

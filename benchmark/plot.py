@@ -1,0 +1,441 @@
+"""Figures and tables from local runs: TensorBoard event files in, PNGs and markdown out, no account.
+
+    python benchmark/plot.py learning                      # runs/ -> plots/
+    python benchmark/plot.py learning --runs-dir benchmark/results/runs --out-dir docs/img/breakout_1m
+    python benchmark/plot.py throughput throughput.json    # a `benchmark/throughput.py --json` result
+
+learning: reads every `RUNS_DIR/*/events.out.tfevents*`, takes each run's env id, exp_name (the
+script) and seed from its hyperparameters text, else from its directory name
+`{env_id}__{exp_name}__{seed}__{timestamp}`, and groups the runs by env id and script. It writes
+  returns_vs_steps.png, returns_vs_time.png: one panel per env id, one line per script: the mean
+      over seeds of each run's running mean of its last --window episodic returns, against the
+      global step and against the wall-clock time since the run started, with a band of +- one
+      standard deviation over seeds (with one seed, no band);
+  results.md: per env id and script, the final return (each run's mean of its last --window
+      episodic returns; the mean and the standard deviation of those over the seeds) and the median
+      over the seeds of each run's steady SPS (the median of its per-iteration SPS, computed from
+      the steps and wall times of consecutive charts/SPS events, so start-up does not count);
+  with 3 or more Atari games that every script ran: aggregate.png (human-normalized IQM, median and
+      mean with 95% stratified-bootstrap confidence intervals, rliable) and
+      performance_profile.png (the fraction of runs above each human-normalized score), and their
+      table in results.md. Normalization: (score - random) / (human - random), with the scores of
+      REFERENCE_SCORES below.
+A run directory without events, or that names no env id, script and seed, is skipped with a
+one-line warning.
+
+throughput: a bar chart of the steady SPS of each script (and of the torchrun script with 1 and 2
+processes), fp32 and bf16 side by side, with the env-only limit of each script's environment
+(random actions, measured by the same run) drawn as a line over its bars.
+"""
+
+import argparse
+import glob
+import json
+import math
+import os
+import re
+import sys
+import warnings
+from dataclasses import dataclass
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display needed (Slurm, CI, ssh)
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+
+# Random and human scores of the Atari-57 games (no-op starts, episodes capped at 108,000 frames):
+# the random and human columns of the score table in Badia et al. 2020, "Agent57: Outperforming the
+# Atari Human Benchmark" (arXiv:2003.13350), appendix; the random scores are those of Mnih et al.
+# 2015 (the DQN Nature paper), the human scores those of the later DQN papers. {game: (random, human)}
+REFERENCE_SCORES = {
+    "Alien": (227.8, 7127.7), "Amidar": (5.8, 1719.5), "Assault": (222.4, 742.0), "Asterix": (210.0, 8503.3),
+    "Asteroids": (719.1, 47388.7), "Atlantis": (12850.0, 29028.1), "BankHeist": (14.2, 753.1),
+    "BattleZone": (2360.0, 37187.5), "BeamRider": (363.9, 16926.5), "Berzerk": (123.7, 2630.4),
+    "Bowling": (23.1, 160.7), "Boxing": (0.1, 12.1), "Breakout": (1.7, 30.5), "Centipede": (2090.9, 12017.0),
+    "ChopperCommand": (811.0, 7387.8), "CrazyClimber": (10780.5, 35829.4), "Defender": (2874.5, 18688.9),
+    "DemonAttack": (152.1, 1971.0), "DoubleDunk": (-18.6, -16.4), "Enduro": (0.0, 860.5),
+    "FishingDerby": (-91.7, -38.7), "Freeway": (0.0, 29.6), "Frostbite": (65.2, 4334.7), "Gopher": (257.6, 2412.5),
+    "Gravitar": (173.0, 3351.4), "Hero": (1027.0, 30826.4), "IceHockey": (-11.2, 0.9), "Jamesbond": (29.0, 302.8),
+    "Kangaroo": (52.0, 3035.0), "Krull": (1598.0, 2665.5), "KungFuMaster": (258.5, 22736.3),
+    "MontezumaRevenge": (0.0, 4753.3), "MsPacman": (307.3, 6951.6), "NameThisGame": (2292.3, 8049.0),
+    "Phoenix": (761.4, 7242.6), "Pitfall": (-229.4, 6463.7), "Pong": (-20.7, 14.6), "PrivateEye": (24.9, 69571.3),
+    "Qbert": (163.9, 13455.0), "Riverraid": (1338.5, 17118.0), "RoadRunner": (11.5, 7845.0),
+    "Robotank": (2.2, 11.9), "Seaquest": (68.4, 42054.7), "Skiing": (-17098.1, -4336.9),
+    "Solaris": (1236.3, 12326.7), "SpaceInvaders": (148.0, 1668.7), "StarGunner": (664.0, 10250.0),
+    "Surround": (-10.0, 6.5), "Tennis": (-23.8, -8.3), "TimePilot": (3568.0, 5229.2), "Tutankham": (11.4, 167.6),
+    "UpNDown": (533.4, 11693.2), "Venture": (0.0, 1187.5), "VideoPinball": (16256.9, 17667.9),
+    "WizardOfWor": (563.5, 4756.5), "YarsRevenge": (3092.9, 54576.9), "Zaxxon": (32.5, 9173.3),
+}
+RUN_DIR_NAME = re.compile(r"^(?P<env_id>.+?)__(?P<exp_name>.+)__(?P<seed>-?\d+)__(?P<timestamp>\d+)$")
+
+
+def warn(message: str):
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def fail(message: str):
+    sys.exit(f"error: {message}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading runs
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Run:
+    path: str
+    env_id: str
+    exp_name: str
+    seed: int
+    episode_steps: np.ndarray  # global step at which each game ended
+    episode_seconds: np.ndarray  # wall-clock seconds since the run started
+    returns: np.ndarray
+    sps_steps: np.ndarray  # the steps and wall times of the charts/SPS events (one per iteration)
+    sps_times: np.ndarray
+
+
+def hyperparameters(accumulator: EventAccumulator) -> dict[str, str]:
+    """The `|param|value|` table the scripts log as text at the start of a run."""
+    tag = "hyperparameters/text_summary"
+    if tag not in accumulator.Tags().get("tensors", []):
+        return {}
+    text = accumulator.Tensors(tag)[0].tensor_proto.string_val[0].decode()
+    rows = (line.strip().strip("|").split("|") for line in text.splitlines())
+    return {row[0]: row[1] for row in rows if len(row) == 2}
+
+
+def identify(path: str, accumulator: EventAccumulator) -> tuple[str, str, int] | None:
+    """(env_id, exp_name, seed): from the hyperparameters text (which keeps the env id's '/'), else
+    from the directory name."""
+    params = hyperparameters(accumulator)
+    if {"env_id", "exp_name", "seed"} <= params.keys() and re.fullmatch(r"-?\d+", params["seed"]):
+        return params["env_id"], params["exp_name"], int(params["seed"])
+    if match := RUN_DIR_NAME.match(os.path.basename(os.path.normpath(path))):
+        return match["env_id"], match["exp_name"], int(match["seed"])
+    return None
+
+
+def read_run(path: str) -> Run | None:
+    """The run in `path`, or None (after a one-line warning) when it cannot be used."""
+    if not os.path.isdir(path):
+        return warn(f"skipping {path}: not a run directory")
+    if not glob.glob(os.path.join(path, "events.out.tfevents*")):
+        return warn(f"skipping {path}: no events.out.tfevents file")
+    try:
+        accumulator = EventAccumulator(path, size_guidance={"scalars": 0, "tensors": 0})
+        accumulator.Reload()
+        started = accumulator.FirstEventTimestamp()
+    except Exception as error:  # one unreadable run must not stop the figures of the others
+        return warn(f"skipping {path}: unreadable events ({type(error).__name__}: {error})")
+    identity = identify(path, accumulator)
+    if identity is None:
+        return warn(f"skipping {path}: unknown layout (neither a hyperparameters text with env_id, exp_name and "
+                    "seed nor a directory name {env_id}__{exp_name}__{seed}__{timestamp})")
+    scalars = accumulator.Tags()["scalars"]
+    if "charts/episodic_return" not in scalars:
+        return warn(f"skipping {path}: no charts/episodic_return (no game finished)")
+    episodes = accumulator.Scalars("charts/episodic_return")
+    sps = accumulator.Scalars("charts/SPS") if "charts/SPS" in scalars else []
+    return Run(
+        path, *identity,
+        episode_steps=np.array([e.step for e in episodes], dtype=np.float64),
+        episode_seconds=np.array([e.wall_time - started for e in episodes]),
+        returns=np.array([e.value for e in episodes], dtype=np.float64),
+        sps_steps=np.array([e.step for e in sps], dtype=np.float64),
+        sps_times=np.array([e.wall_time for e in sps]),
+    )
+
+
+def read_runs(runs_dir: str) -> list[Run]:
+    runs = [read_run(path) for path in sorted(glob.glob(os.path.join(runs_dir, "*")))]
+    return [run for run in runs if run is not None]
+
+
+def group(runs: list[Run]) -> dict[tuple[str, str], list[Run]]:
+    """{(env_id, exp_name): runs sorted by seed}, env ids and scripts in sorted order."""
+    groups = {}
+    for run in sorted(runs, key=lambda run: (run.env_id, run.exp_name, run.seed)):
+        groups.setdefault((run.env_id, run.exp_name), []).append(run)
+    return groups
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics
+# ---------------------------------------------------------------------------------------------
+def final_return(run: Run, window: int) -> float:
+    return float(np.mean(run.returns[-window:]))
+
+
+def steady_sps(run: Run) -> float:
+    """The median of the run's per-iteration SPS (steps over wall time between consecutive
+    charts/SPS events): start-up, compilation and a pause for a restart do not count."""
+    rates = np.diff(run.sps_steps) / np.diff(run.sps_times)
+    rates = rates[np.isfinite(rates) & (rates > 0)]
+    return float(np.median(rates)) if rates.size else math.nan
+
+
+def running_mean(values: np.ndarray, window: int) -> np.ndarray:
+    sums = np.cumsum(np.insert(values, 0, 0.0))
+    counts = np.minimum(np.arange(1, len(values) + 1), window)
+    return (sums[1:] - sums[np.arange(1, len(values) + 1) - counts]) / counts
+
+
+def seed_curve(runs: list[Run], x_of, window: int, points: int = 200):
+    """The runs' running-mean curves on a common grid (where every run has data): grid, mean, std."""
+    xs = [x_of(run) for run in runs]
+    ys = [running_mean(run.returns, window) for run in runs]
+    grid = np.linspace(max(x[0] for x in xs), min(x[-1] for x in xs), points)
+    curves = np.array([np.interp(grid, x, y) for x, y in zip(xs, ys)])
+    return grid, curves.mean(axis=0), curves.std(axis=0)
+
+
+def game_of(env_id: str) -> str | None:
+    """The Atari game an env id names (BreakoutNoFrameskip-v4, ALE/Breakout-v5, Breakout-v5 -> Breakout),
+    if it is one of REFERENCE_SCORES."""
+    name = re.sub(r"(NoFrameskip|Deterministic)?-v\d+$", "", env_id.split("/")[-1]).lower()
+    return next((game for game in REFERENCE_SCORES if game.lower() == name), None)
+
+
+def human_normalized(score: float, game: str) -> float:
+    random_score, human_score = REFERENCE_SCORES[game]
+    return (score - random_score) / (human_score - random_score)
+
+
+# ---------------------------------------------------------------------------------------------
+# Learning figures and tables
+# ---------------------------------------------------------------------------------------------
+def script_colors(scripts) -> dict[str, tuple]:
+    palette = plt.get_cmap("tab10")
+    return {script: palette(i % 10) for i, script in enumerate(sorted(set(scripts)))}
+
+
+def plot_returns(runs: list[Run], axis: str, window: int) -> plt.Figure:
+    """One panel per env id, one line per script: the mean over seeds (band: +- std over seeds)."""
+    groups = group(runs)
+    env_ids = sorted({env_id for env_id, _ in groups})
+    colors = script_colors(script for _, script in groups)
+    if axis == "steps":
+        x_of, xlabel, scale = (lambda run: run.episode_steps), "environment steps", 1.0
+    else:
+        longest = max(run.episode_seconds[-1] for run in runs)
+        unit, scale = ("hours", 3600.0) if longest > 2 * 3600 else ("minutes", 60.0)
+        x_of, xlabel = (lambda run: run.episode_seconds / scale), f"wall-clock time ({unit})"
+    columns = min(3, len(env_ids))
+    rows = math.ceil(len(env_ids) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 3.8 * rows), squeeze=False)
+    for ax in axes.flat[len(env_ids):]:
+        figure.delaxes(ax)
+    for ax, env_id in zip(axes.flat, env_ids):
+        for (group_env, script), members in groups.items():
+            if group_env != env_id:
+                continue
+            grid, mean, std = seed_curve(members, x_of, window)
+            seeds = f"{len(members)} seed{'s' if len(members) > 1 else ''}"
+            ax.plot(grid, mean, color=colors[script], label=f"{script} ({seeds})")
+            if len(members) > 1:
+                ax.fill_between(grid, mean - std, mean + std, color=colors[script], alpha=0.2, linewidth=0)
+        ax.set_title(env_id)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"episodic return (last {window})")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    figure.tight_layout()
+    return figure
+
+
+def format_mean_std(values: list[float]) -> str:
+    return f"{np.mean(values):.2f} ± {np.std(values):.2f}"
+
+
+def results_table(runs: list[Run], window: int) -> str:
+    lines = [
+        f"| env id | script | seeds | final return (mean ± std over seeds of each run's last-{window} mean) "
+        "| median steady SPS |",
+        "|---|---|---|---|---|",
+    ]
+    for (env_id, script), members in group(runs).items():
+        finals = [final_return(run, window) for run in members]
+        sps = [s for s in map(steady_sps, members) if not math.isnan(s)]
+        lines.append(
+            f"| {env_id} | {script} | {', '.join(str(run.seed) for run in members)} | {format_mean_std(finals)} "
+            f"| {f'{np.median(sps):,.0f}' if sps else '-'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def normalized_scores(runs: list[Run], window: int) -> tuple[dict[str, np.ndarray], list[str]] | None:
+    """{script: (runs, games) human-normalized final returns} on the games every script ran, or None
+    when those are fewer than 3. Every script gets the same number of runs per game (the first seeds)."""
+    per_game = {}  # script -> game -> final returns
+    for (env_id, script), members in group(runs).items():
+        if (game := game_of(env_id)) is not None:
+            per_game.setdefault(script, {}).setdefault(game, []).extend(final_return(run, window) for run in members)
+    if not per_game:
+        return None
+    games = sorted(set.intersection(*(set(games) for games in per_game.values())))
+    if len(games) < 3:
+        return None
+    count = min(len(per_game[script][game]) for script in per_game for game in games)
+    if any(len(per_game[script][game]) > count for script in per_game for game in games):
+        warn(f"the aggregate uses the first {count} seed(s) of each script on each game (the fewest any has)")
+    scores = {
+        script: np.array([[human_normalized(per_game[script][game][i], game) for game in games] for i in range(count)])
+        for script in sorted(per_game)
+    }
+    return scores, games
+
+
+def aggregate(scores: dict[str, np.ndarray], games: list[str], reps: int):
+    """rliable's interval estimates of the IQM, median and mean, and the performance profiles:
+    (table, interval figure, profile figure)."""
+    from rliable import library as rly
+    from rliable import metrics, plot_utils
+
+    metric_names = ["IQM", "Median", "Mean"]
+    measure = lambda x: np.array([metrics.aggregate_iqm(x), metrics.aggregate_median(x), metrics.aggregate_mean(x)])
+    with warnings.catch_warnings():  # rliable 1.2 still seeds arch's bootstrap the way arch 7 deprecates
+        warnings.filterwarnings("ignore", "random_state is deprecated", FutureWarning)
+        points, intervals = rly.get_interval_estimates(scores, measure, reps=reps,
+                                                       random_state=np.random.RandomState(0))
+    scripts = sorted(scores)
+    lines = [
+        f"Human-normalized final return over {len(games)} games ({', '.join(games)}), "
+        f"{next(iter(scores.values())).shape[0]} run(s) per game, 95% stratified-bootstrap confidence intervals "
+        f"({reps} resamples):",
+        "",
+        "| script | IQM | median | mean |",
+        "|---|---|---|---|",
+    ]
+    for script in scripts:
+        cells = [f"{points[script][i]:.3f} [{intervals[script][0, i]:.3f}, {intervals[script][1, i]:.3f}]"
+                 for i in range(len(metric_names))]
+        lines.append(f"| {script} | {' | '.join(cells)} |")
+    colors = script_colors(scripts)
+    interval_figure, _ = plot_utils.plot_interval_estimates(
+        points, intervals, metric_names=metric_names, algorithms=scripts, colors=colors,
+        xlabel="human-normalized score", subfigure_width=3.4, row_height=0.6, xlabel_y_coordinate=-0.35,
+        max_ticks=3,
+    )
+    highest = max(float(np.max(s)) for s in scores.values())
+    taus = np.linspace(min(0.0, min(float(np.min(s)) for s in scores.values())), max(1.0, highest) * 1.05, 101)
+    np.random.seed(0)  # create_performance_profile takes no random state: the same figure every time
+    profiles, profile_intervals = rly.create_performance_profile(scores, taus, reps=reps)
+    profile_figure, ax = plt.subplots(figsize=(6, 4))
+    ax.set_title(f"performance profile over {len(games)} games", fontsize="medium")
+    plot_utils.plot_performance_profiles(
+        profiles, taus, performance_profile_cis=profile_intervals, colors=colors, ax=ax,
+        xlabel=r"human-normalized score $\tau$", ylabel=r"fraction of runs with score $> \tau$",
+    )
+    ax.legend([plt.Line2D([], [], color=colors[s]) for s in scripts], scripts, fontsize="small")
+    return "\n".join(lines) + "\n", interval_figure, profile_figure
+
+
+def save(figure: plt.Figure, path: str):
+    figure.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(figure)
+    print(f"wrote {path}")
+
+
+def learning(cli):
+    if not os.path.isdir(cli.runs_dir):
+        fail(f"no folder {cli.runs_dir}: give the folder the scripts wrote their runs to with --runs-dir")
+    runs = read_runs(cli.runs_dir)
+    if not runs:
+        fail(f"no usable run in {cli.runs_dir} (see the warnings above)")
+    os.makedirs(cli.out_dir, exist_ok=True)
+    save(plot_returns(runs, "steps", cli.window), os.path.join(cli.out_dir, "returns_vs_steps.png"))
+    save(plot_returns(runs, "time", cli.window), os.path.join(cli.out_dir, "returns_vs_time.png"))
+    report = "## Final return and speed\n\n" + results_table(runs, cli.window)
+    normalized = normalized_scores(runs, cli.window)
+    if normalized is None:
+        print("aggregate figures left out: they need 3 or more Atari games that every script ran")
+    else:
+        table, interval_figure, profile_figure = aggregate(*normalized, reps=cli.reps)
+        save(interval_figure, os.path.join(cli.out_dir, "aggregate.png"))
+        save(profile_figure, os.path.join(cli.out_dir, "performance_profile.png"))
+        report += "\n## Aggregate over games\n\n" + table
+    path = os.path.join(cli.out_dir, "results.md")
+    with open(path, "w") as f:
+        f.write(report)
+    print(f"wrote {path}\n\n{report}", end="")
+
+
+# ---------------------------------------------------------------------------------------------
+# Throughput figure
+# ---------------------------------------------------------------------------------------------
+def read_throughput(path: str) -> dict:
+    try:
+        with open(path) as f:
+            results = json.load(f)
+        rows = results["rows"]
+        assert all({"script", "processes", "precision", "steady_sps", "env_only_sps"} <= row.keys() for row in rows)
+    except (OSError, ValueError, KeyError, TypeError, AssertionError) as error:
+        fail(f"{path} is not a `benchmark/throughput.py --json` result ({type(error).__name__}); write one with "
+             "python benchmark/throughput.py --json FILE")
+    return results
+
+
+def plot_throughput(results: dict) -> plt.Figure:
+    """Grouped bars: one group per script (and process count), one bar per precision; a black line
+    over a group marks its environment's env-only limit."""
+    rows = results["rows"]
+    configurations = list(dict.fromkeys((row["script"], row["processes"]) for row in rows))
+    precisions = list(dict.fromkeys(row["precision"] for row in rows))
+    width = 0.8 / len(precisions)
+    figure, ax = plt.subplots(figsize=(1.9 * len(configurations) + 2, 4.2))
+    palette = {"fp32": "tab:blue", "bf16": "tab:orange"}
+    for p, precision in enumerate(precisions):
+        heights = [next((row["steady_sps"] for row in rows if (row["script"], row["processes"]) == c
+                         and row["precision"] == precision), 0.0) or 0.0 for c in configurations]
+        positions = np.arange(len(configurations)) - 0.4 + width * (p + 0.5)
+        bars = ax.bar(positions, heights, width, label=f"{precision} (steady SPS)", color=palette.get(precision))
+        ax.bar_label(bars, fmt="%.0f", fontsize="small")
+    env_label = "env-only limit (random actions)"
+    for i, configuration in enumerate(configurations):
+        limits = [row["env_only_sps"] for row in rows if (row["script"], row["processes"]) == configuration]
+        if limits and limits[0]:
+            ax.hlines(limits[0], i - 0.45, i + 0.45, colors="black", linewidth=2, label=env_label)
+            env_label = None  # one legend entry for all the lines
+    ax.set_xticks(range(len(configurations)))
+    processes_text = lambda n: f"\n{n} process{'es' if n > 1 else ''}"
+    ax.set_xticklabels([script + (processes_text(processes) if script == "ppo_atari_multigpu" else "")
+                        for script, processes in configurations], fontsize="small")
+    ax.set_ylabel("environment steps per second")
+    setup = results.get("setup", {})
+    title = [setup.get("env_id"), f"{setup.get('num_envs')} envs x {setup.get('num_steps')} steps per process",
+             f"{setup.get('cpus')} CPUs", setup.get("date")]
+    ax.set_title(", ".join(str(part) for part in title if part and "None" not in str(part)), fontsize="medium")
+    ax.legend(fontsize="small")
+    ax.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    return figure
+
+
+def throughput(cli):
+    os.makedirs(cli.out_dir, exist_ok=True)
+    save(plot_throughput(read_throughput(cli.results)), os.path.join(cli.out_dir, "throughput.png"))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="figure", required=True)
+    runs = commands.add_parser("learning", help="learning curves and the results table from TensorBoard runs")
+    runs.add_argument("--runs-dir", default="runs", help="the folder holding the run directories (default: runs)")
+    runs.add_argument("--out-dir", default="plots", help="where the PNGs and results.md go (default: plots)")
+    runs.add_argument("--window", type=int, default=100, help="episodes in each run's final mean (default 100)")
+    runs.add_argument("--reps", type=int, default=50000, help="bootstrap resamples of the aggregate (default 50000)")
+    speed = commands.add_parser("throughput", help="the bar chart of a `benchmark/throughput.py --json` result")
+    speed.add_argument("results", help="the JSON file written by benchmark/throughput.py --json")
+    speed.add_argument("--out-dir", default="plots", help="where throughput.png goes (default: plots)")
+    cli = parser.parse_args()
+    if cli.figure == "learning":
+        if cli.window < 1 or cli.reps < 1:
+            fail("--window and --reps must be positive")
+        learning(cli)
+    else:
+        throughput(cli)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,673 @@
+"""Proximal Policy Optimization (PPO) for continuous actions, on gymnasium's MuJoCo tasks.
+
+HalfCheetah-v5 by default: a gymnasium `SyncVectorEnv` in SAME_STEP autoreset mode, a Gaussian
+policy with a state-independent log-std, running normalization of the observations and of the
+rewards (by the std of the discounted return) with clipping, GAE, and time-limit truncations
+bootstrapped from the real final observation. The saved model carries the observation statistics,
+and evaluation applies them, frozen. Docs: docs/ppo_continuous_action.md
+
+Run: `python cleanrl/ppo_continuous_action.py --env-id Hopper-v5 --seed 1`; `--help` lists every option.
+"""
+
+import math
+import os
+import random
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.optim as optim
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+
+
+@dataclass
+class Args:
+    # experiment
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment (part of the run name)"""
+    seed: int = 1
+    """seed of the experiment (python, numpy, torch and the environments)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, use CUDA when it is available"""
+    track: bool = False
+    """if toggled, track the run with Weights and Biases"""
+    wandb_project_name: str = "cleanRL"
+    """the W&B project name"""
+    wandb_entity: str | None = None
+    """the W&B entity (team); None means your default entity"""
+    capture_video: bool = False
+    """if toggled, record episodes of env 0 to `videos/{run_name}/` (0, 1, 8, 27, ..., then every 1000th)"""
+    save_model: bool = False
+    """if toggled, save the model to `runs/{run_name}/{exp_name}.cleanrl_model` and evaluate it"""
+    eval_checkpoint: str | None = None
+    """if set, no training: load this saved model and play `eval_episodes` episodes"""
+    eval_episodes: int = 10
+    """the number of episodes played by the evaluation"""
+    progress_interval: float = 30.0
+    """seconds between plain progress lines when stderr is not a terminal (log files, Slurm, nohup)"""
+
+    # environment
+    env_id: str = "HalfCheetah-v5"
+    """the gymnasium id of the environment (continuous actions, flat observations)"""
+
+    # algorithm
+    total_timesteps: int = 1_000_000
+    """total number of environment steps of the experiment"""
+    learning_rate: float = 3e-4
+    """the learning rate of the Adam optimizer"""
+    num_envs: int = 1
+    """the number of parallel environments"""
+    num_steps: int = 2048
+    """the number of steps per environment in each rollout"""
+    anneal_lr: bool = True
+    """if toggled, decay the learning rate linearly to 0 over the iterations"""
+    gamma: float = 0.99
+    """the discount factor (also of the return whose std scales the rewards)"""
+    gae_lambda: float = 0.95
+    """the lambda of generalized advantage estimation"""
+    num_minibatches: int = 32
+    """the number of minibatches each rollout is split into"""
+    update_epochs: int = 10
+    """the number of passes over the rollout in each update"""
+    norm_adv: bool = True
+    """if toggled, normalize the advantages of each minibatch"""
+    clip_coef: float = 0.2
+    """the clipping coefficient of the surrogate objective (and of the value loss)"""
+    clip_vloss: bool = True
+    """if toggled, clip the value loss as in the PPO paper's implementation"""
+    ent_coef: float = 0.0
+    """the coefficient of the entropy bonus"""
+    vf_coef: float = 0.5
+    """the coefficient of the value loss"""
+    max_grad_norm: float = 0.5
+    """the maximum norm of the gradient (clipped above it)"""
+    target_kl: float | None = None
+    """stop the update epochs early once the approximate KL exceeds this; None never stops"""
+
+    # computed at run time (hidden from the command line: a value given there would be overwritten)
+    batch_size: tyro.conf.Suppress[int] = 0
+    """the batch size, num_envs * num_steps (computed at run time)"""
+    minibatch_size: tyro.conf.Suppress[int] = 0
+    """the minibatch size, batch_size // num_minibatches (computed at run time)"""
+    num_iterations: tyro.conf.Suppress[int] = 0
+    """the number of rollout-and-update iterations, total_timesteps // batch_size (computed at run time)"""
+
+
+# Normalized observations and scaled rewards are clipped to [-10, 10], and EPS keeps the division
+# finite while a variance is still 0 (a single sample, a constant observation).
+OBS_CLIP = 10.0
+REWARD_CLIP = 10.0
+EPS = 1e-8
+
+
+def fail(message: str):
+    """A user error: one line naming the problem, a non-zero exit, no traceback."""
+    sys.exit(f"error: {message}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment
+# ---------------------------------------------------------------------------------------------
+def make_envs(env_id: str, num_envs: int, video_folder: str | None = None) -> gym.vector.SyncVectorEnv:
+    if video_folder is not None and "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
+        # Without a display MuJoCo's default (GLFW) cannot open a context; EGL renders offscreen.
+        # Read when the first renderer is made, so setting it here is early enough.
+        os.environ["MUJOCO_GL"] = "egl"
+
+    def make_env(index: int):
+        def thunk():
+            if video_folder is not None and index == 0:
+                # RecordVideo's default trigger is the capped cubic schedule: episodes 0, 1, 8, 27, ...
+                return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), video_folder)
+            return gym.make(env_id)
+
+        return thunk
+
+    # SAME_STEP: the step that ends an episode already returns the next episode's first
+    # observation, and the real last observation comes in infos["final_obs"]. gymnasium 1.x
+    # defaults to NEXT_STEP instead, which inserts a fake transition after every episode end.
+    return gym.vector.SyncVectorEnv(
+        [make_env(i) for i in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+
+
+class EpisodeStatistics:
+    """Return and length of the running episode of each env, for logging (raw rewards)."""
+
+    def __init__(self, num_envs: int):
+        self.returns = np.zeros(num_envs, dtype=np.float64)
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
+
+    def update(self, rewards: np.ndarray, dones: np.ndarray) -> list[tuple[int, float, int]]:
+        """Count one step of every env; return (env index, return, length) of each episode that ended."""
+        self.returns += rewards
+        self.lengths += 1
+        finished = [(int(i), float(self.returns[i]), int(self.lengths[i])) for i in np.flatnonzero(dones)]
+        self.returns[dones] = 0.0
+        self.lengths[dones] = 0
+        return finished
+
+
+class RunningMeanStd:
+    """Mean and (population) variance of every sample seen so far, merged one batch at a time with
+    the parallel formula of Chan et al., so the result equals the statistics of all samples at once."""
+
+    def __init__(self, shape: tuple[int, ...] = ()):
+        self.mean = np.zeros(shape, dtype=np.float64)
+        self.var = np.ones(shape, dtype=np.float64)
+        self.count = 0
+
+    def update(self, batch: np.ndarray):
+        """batch: (n, *shape)."""
+        batch_mean, batch_var, n = batch.mean(axis=0), batch.var(axis=0), batch.shape[0]
+        total = self.count + n
+        delta = batch_mean - self.mean
+        m2 = self.var * self.count + batch_var * n + delta**2 * self.count * n / total
+        self.mean, self.var, self.count = self.mean + delta * n / total, m2 / total, total
+
+
+def normalize_obs(obs: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.ndarray:
+    """(obs - mean) / sqrt(var + EPS), clipped to [-OBS_CLIP, OBS_CLIP], as float32 for the network."""
+    return np.clip((obs - mean) / np.sqrt(var + EPS), -OBS_CLIP, OBS_CLIP).astype(np.float32)
+
+
+class RewardNormalizer:
+    """Divides rewards by the running std of each env's discounted return (not centred: the sign of
+    a reward is kept), then clips them to [-REWARD_CLIP, REWARD_CLIP].
+
+    The return restarts at every episode end, terminated or truncated alike, so the statistics are
+    those of returns within one episode, whatever the autoreset puts in the next step.
+    """
+
+    def __init__(self, num_envs: int, gamma: float):
+        self.gamma = gamma
+        self.returns = np.zeros(num_envs, dtype=np.float64)
+        self.return_rms = RunningMeanStd()
+
+    def __call__(self, rewards: np.ndarray, dones: np.ndarray) -> np.ndarray:
+        self.returns = self.returns * self.gamma + rewards
+        self.return_rms.update(self.returns)
+        self.returns[dones] = 0.0
+        return np.clip(rewards / np.sqrt(self.return_rms.var + EPS), -REWARD_CLIP, REWARD_CLIP).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Network
+# ---------------------------------------------------------------------------------------------
+def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+def gaussian_log_prob(action: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+    """log N(action; mean, exp(log_std)^2) of a diagonal Gaussian, summed over the action dims."""
+    z = (action - mean) * torch.exp(-log_std)
+    return (-0.5 * z**2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+
+def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
+    """Entropy of a diagonal Gaussian, summed over the action dims."""
+    return (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum(-1)
+
+
+class Agent(nn.Module):
+    def __init__(self, obs_dim: int, action_dim: int):
+        super().__init__()
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 1), std=1.0),
+        )
+        self.actor_mean = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, action_dim), std=0.01),
+        )
+        # state-independent: one log-std per action dim, learned, starting at std 1
+        self.actor_logstd = nn.Parameter(torch.zeros(1, action_dim))
+
+    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+        return self.critic(x)
+
+    def get_action_and_value(self, x: torch.Tensor, action: torch.Tensor | None = None):
+        mean = self.actor_mean(x)
+        log_std = self.actor_logstd.expand_as(mean)
+        if action is None:
+            action = mean + torch.exp(log_std) * torch.randn_like(mean)
+        return action, gaussian_log_prob(action, mean, log_std), gaussian_entropy(log_std), self.critic(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# The math: small pure functions, tested alone
+# ---------------------------------------------------------------------------------------------
+def bootstrap_truncated(
+    rewards: torch.Tensor,
+    terminations: torch.Tensor,
+    truncations: torch.Tensor,
+    final_values: torch.Tensor,
+    gamma: float,
+) -> torch.Tensor:
+    """Rewards of one vector step, (num_envs,), with gamma * V(final obs) added where an episode was
+    cut by a time limit (truncated but not terminated).
+
+    A time limit is not part of the task: the state it stops in still has a future, so its return
+    is estimated by the critic instead of taken as 0. Folding the estimate into the reward lets GAE
+    then treat every episode end alike, as the end of the trajectory.
+    """
+    cut_by_time_limit = truncations & ~terminations
+    return rewards + gamma * final_values * cut_by_time_limit
+
+
+def compute_gae(rewards, values, dones, next_value, gamma: float, gae_lambda: float):
+    """Generalized advantage estimates and value targets of a rollout.
+
+    rewards, values, dones: (num_steps, num_envs); dones[t] is 1.0 where the transition of step t
+    ended the episode (its reward already holds any truncation bootstrap). next_value: (num_envs,),
+    the value of the observation after the last step. Returns (advantages, returns), both
+    (num_steps, num_envs), with returns = advantages + values.
+    """
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros_like(next_value)
+    for t in reversed(range(num_steps)):
+        next_values = next_value if t == num_steps - 1 else values[t + 1]
+        nonterminal = 1.0 - dones[t]
+        delta = rewards[t] + gamma * next_values * nonterminal - values[t]
+        lastgaelam = delta + gamma * gae_lambda * nonterminal * lastgaelam
+        advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def ppo_loss(newlogprob, entropy, newvalue, logprobs, advantages, returns, values, args: Args):
+    """The clipped PPO objective on one minibatch; returns the loss and the statistics to log."""
+    logratio = newlogprob - logprobs
+    ratio = logratio.exp()
+    with torch.no_grad():
+        # http://joschu.net/blog/kl-approx.html
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+    if args.norm_adv:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+    newvalue = newvalue.view(-1)
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - returns) ** 2
+        v_clipped = values + torch.clamp(newvalue - values, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    stats = dict(
+        policy_loss=pg_loss.detach(),
+        value_loss=v_loss.detach(),
+        entropy=entropy_loss.detach(),
+        old_approx_kl=old_approx_kl,
+        approx_kl=approx_kl,
+        clipfrac=clipfrac,
+    )
+    return loss, stats
+
+
+# ---------------------------------------------------------------------------------------------
+# Saving and evaluation
+# ---------------------------------------------------------------------------------------------
+def save_model(path: str, agent: Agent, obs_rms: RunningMeanStd, args: Args):
+    # The observation statistics are part of the model: the network only knows normalized inputs.
+    # Written to a temporary file and renamed, so a crash never leaves a truncated checkpoint.
+    payload = {
+        "model": agent.state_dict(),
+        "obs_rms": {"mean": torch.from_numpy(obs_rms.mean), "var": torch.from_numpy(obs_rms.var), "count": obs_rms.count},
+        "args": vars(args),
+        "obs_dim": agent.actor_mean[0].in_features,
+        "action_dim": agent.actor_mean[-1].out_features,
+    }
+    torch.save(payload, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_model(path: str, device) -> tuple[Agent, RunningMeanStd, dict]:
+    if not os.path.isfile(path):
+        fail(f"checkpoint {path!r} does not exist")
+    try:
+        payload = torch.load(path, map_location=device, weights_only=True)
+        agent = Agent(payload["obs_dim"], payload["action_dim"]).to(device)
+        agent.load_state_dict(payload["model"])
+        obs_rms = RunningMeanStd((payload["obs_dim"],))
+        obs_rms.mean = payload["obs_rms"]["mean"].cpu().numpy().astype(np.float64)
+        obs_rms.var = payload["obs_rms"]["var"].cpu().numpy().astype(np.float64)
+        obs_rms.count = int(payload["obs_rms"]["count"])
+        if obs_rms.mean.shape != (payload["obs_dim"],) or obs_rms.var.shape != (payload["obs_dim"],):
+            raise ValueError("observation statistics of the wrong shape")
+        saved_args = dict(payload["args"])
+        saved_args["env_id"]  # a checkpoint without it is foreign (KeyError)
+    except Exception as e:  # any unreadable or foreign file is the same user error
+        fail(f"checkpoint {path!r} is not a readable {os.path.basename(__file__)} model ({type(e).__name__})")
+    return agent, obs_rms, saved_args
+
+
+def evaluate(
+    agent: Agent,
+    obs_rms: RunningMeanStd,
+    env_id: str,
+    eval_episodes: int,
+    device,
+    seed: int = 0,
+    video_folder: str | None = None,
+) -> list[float]:
+    """Plays `eval_episodes` whole episodes with the mean action of the policy; returns their raw
+    returns. Observations are normalized with the given statistics, frozen (evaluation must see
+    the inputs the network was trained on, and must not change them)."""
+    envs = make_envs(env_id, 1, video_folder)
+    low, high = envs.single_action_space.low, envs.single_action_space.high
+    stats = EpisodeStatistics(1)
+    returns = []
+    obs, _ = envs.reset(seed=seed)
+    while len(returns) < eval_episodes:
+        with torch.no_grad():
+            mean_action = agent.actor_mean(torch.from_numpy(normalize_obs(obs, obs_rms.mean, obs_rms.var)).to(device))
+        obs, reward, terminations, truncations, _ = envs.step(np.clip(mean_action.cpu().numpy(), low, high))
+        returns += [episodic_return for _, episodic_return, _ in stats.update(reward, terminations | truncations)]
+    envs.close()
+    return returns
+
+
+def run_evaluation(args: Args, env_id: str, agent: Agent, obs_rms: RunningMeanStd, device, writer, run_name: str):
+    video_folder = f"videos/{run_name}-eval" if args.capture_video else None
+    returns = evaluate(agent, obs_rms, env_id, args.eval_episodes, device, args.seed, video_folder)
+    for i, episodic_return in enumerate(returns):
+        print(f"eval_episode={i}, episodic_return={episodic_return}")
+        writer.add_scalar("eval/episodic_return", episodic_return, i)
+    print(f"eval: mean return {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} episodes")
+    return returns
+
+
+def upload_videos(run_name: str):
+    """Uploads the training and evaluation videos to the wandb run; by hand, because wandb's
+    monitor_gym patch breaks on gymnasium 1.x's RecordVideo."""
+    import wandb
+
+    for folder in (f"videos/{run_name}", f"videos/{run_name}-eval"):
+        if os.path.isdir(folder):
+            wandb.save(f"{folder}/*.mp4", policy="now")
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress display
+# ---------------------------------------------------------------------------------------------
+class Progress:
+    """How far the run is, for whoever reads its output: a live line on a terminal; elsewhere (a
+    log file, Slurm, nohup, a container) a plain line at most every `interval` seconds, and
+    always the first and the last one."""
+
+    def __init__(self, total_steps: int, interval: float):
+        self.total, self.interval, self.last_print = total_steps, interval, -float("inf")
+        self.on_terminal = sys.stderr.isatty()
+
+    def show(self, global_step: int, sps: int, recent_returns: deque):
+        now = time.time()
+        if not self.on_terminal and now - self.last_print < self.interval and global_step < self.total:
+            return
+        self.last_print = now
+        recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
+        eta = int((self.total - global_step) / max(sps, 1))
+        line = (
+            f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
+            f" | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
+        )
+        if self.on_terminal:
+            print(f"\r{line}   ", end="", file=sys.stderr, flush=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def close(self):
+        if self.on_terminal:
+            print(file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+def main(args: Args):
+    args.batch_size = args.num_envs * args.num_steps
+    if min(args.num_envs, args.num_steps, args.num_minibatches, args.update_epochs, args.eval_episodes) < 1:
+        fail("--num-envs, --num-steps, --num-minibatches, --update-epochs and --eval-episodes must be positive")
+    if args.batch_size % args.num_minibatches != 0:
+        fail(
+            f"num_envs * num_steps = {args.batch_size} is not divisible by num_minibatches = "
+            f"{args.num_minibatches}; pick sizes where it is"
+        )
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    if args.norm_adv and args.minibatch_size < 2:
+        fail(f"minibatches of {args.minibatch_size} sample cannot normalize advantages; use fewer --num-minibatches")
+    args.num_iterations = args.total_timesteps // args.batch_size
+    if args.eval_checkpoint is None and args.num_iterations < 1:
+        fail(
+            f"total_timesteps = {args.total_timesteps} is less than one batch "
+            f"(num_envs * num_steps = {args.batch_size}); raise --total-timesteps"
+        )
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    # The networks are tiny, so extra intra-op threads gain nothing, and when other processes share
+    # the cores (several seeds at once) their spin-waits slow every step down.
+    torch.set_num_threads(1)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    env_id = args.env_id
+    if args.eval_checkpoint is not None:
+        # a bad file fails here, before anything is written
+        agent, obs_rms, saved_args = load_model(args.eval_checkpoint, device)
+        env_id = saved_args["env_id"]
+    run_name = f"{env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if args.eval_checkpoint is None:
+        try:
+            envs = make_envs(env_id, args.num_envs, f"videos/{run_name}" if args.capture_video else None)
+        except gym.error.Error as e:
+            fail(f"cannot make environment {env_id!r}: {e}")
+        if not isinstance(envs.single_action_space, gym.spaces.Box):
+            envs.close()
+            fail(f"{env_id} has action space {envs.single_action_space}; this script needs a continuous (Box) one")
+        if not isinstance(envs.single_observation_space, gym.spaces.Box) or len(envs.single_observation_space.shape) != 1:
+            envs.close()
+            fail(f"{env_id} has observation space {envs.single_observation_space}; this script needs a flat Box one")
+        try:
+            first_obs, _ = envs.reset(seed=args.seed)
+        except Exception as e:  # with --capture-video the first reset renders: a missing OpenGL shows up here
+            if not args.capture_video:
+                raise
+            fail(
+                f"cannot render {env_id} for --capture-video ({type(e).__name__}: {e}); headless machines need "
+                "EGL (libegl1, MUJOCO_GL=egl) or OSMesa (libosmesa6, MUJOCO_GL=osmesa)"
+            )
+
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            save_code=True,
+        )
+    writer = SummaryWriter(f"runs/{run_name}")
+    writer.add_text(
+        "hyperparameters",
+        "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items()),
+    )
+    if args.eval_checkpoint is not None:
+        run_evaluation(args, env_id, agent, obs_rms, device, writer, run_name)
+        writer.close()
+        if args.track and args.capture_video:
+            upload_videos(run_name)
+        return
+
+    obs_dim = envs.single_observation_space.shape[0]
+    action_dim = envs.single_action_space.shape[0]
+    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
+    agent = Agent(obs_dim, action_dim).to(device)
+    # fused: one kernel for all parameters instead of a dozen small ops per tensor (4-5x faster
+    # steps on CPU, the same algorithm)
+    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+
+    # rollout storage, (num_steps, num_envs, ...); observations as the policy saw them, normalized
+    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
+    actions = torch.zeros((args.num_steps, args.num_envs, action_dim), device=device)
+    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
+    rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
+    dones = torch.zeros((args.num_steps, args.num_envs), device=device)
+    values = torch.zeros((args.num_steps, args.num_envs), device=device)
+
+    # The statistics are those of the observations the policy acts on (each reset observation
+    # included), updated as they arrive; an episode's final observation, on which no action is
+    # taken, is normalized with them but not counted.
+    obs_rms = RunningMeanStd((obs_dim,))
+    reward_normalizer = RewardNormalizer(args.num_envs, args.gamma)
+    episode_stats = EpisodeStatistics(args.num_envs)
+    recent_returns = deque(maxlen=20)
+    progress = Progress(args.num_iterations * args.batch_size, args.progress_interval)
+    global_step = 0
+    start_time = time.time()
+    obs_rms.update(first_obs)
+    next_obs = torch.from_numpy(normalize_obs(first_obs, obs_rms.mean, obs_rms.var)).to(device)
+
+    for iteration in range(1, args.num_iterations + 1):
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / args.num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        for step in range(args.num_steps):
+            global_step += args.num_envs
+            obs[step] = next_obs
+            with torch.no_grad():
+                action, logprob, _, value = agent.get_action_and_value(next_obs)
+            actions[step] = action
+            logprobs[step] = logprob
+            values[step] = value.flatten()
+
+            # The env gets the action clipped to its bounds; the rollout keeps the sampled one,
+            # whose log-probability the ratio of the update needs.
+            raw_obs, reward, terminations, truncations, infos = envs.step(
+                np.clip(action.cpu().numpy(), action_low, action_high)
+            )
+            episode_done = terminations | truncations
+            step_rewards = torch.from_numpy(reward_normalizer(reward, episode_done)).to(device)
+            cut_by_time_limit = truncations & ~terminations
+            if cut_by_time_limit.any():
+                # "final_obs" is an object array holding None for the envs whose episode goes on
+                final_obs = normalize_obs(np.stack(infos["final_obs"][cut_by_time_limit]), obs_rms.mean, obs_rms.var)
+                final_values = torch.zeros(args.num_envs, device=device)
+                with torch.no_grad():
+                    final_values[torch.from_numpy(cut_by_time_limit).to(device)] = agent.get_value(
+                        torch.from_numpy(final_obs).to(device)
+                    ).flatten()
+                step_rewards = bootstrap_truncated(
+                    step_rewards,
+                    torch.from_numpy(terminations).to(device),
+                    torch.from_numpy(truncations).to(device),
+                    final_values,
+                    args.gamma,
+                )
+            rewards[step] = step_rewards
+            dones[step] = torch.from_numpy(episode_done).to(device).float()
+            obs_rms.update(raw_obs)
+            next_obs = torch.from_numpy(normalize_obs(raw_obs, obs_rms.mean, obs_rms.var)).to(device)
+
+            # the env steps of one vector step count as consecutive global steps, env 0 first,
+            # so every episode is logged at a step of its own
+            for env_index, episodic_return, episodic_length in episode_stats.update(reward, episode_done):
+                recent_returns.append(episodic_return)
+                env_global_step = global_step - args.num_envs + env_index + 1
+                writer.add_scalar("charts/episodic_return", episodic_return, env_global_step)
+                writer.add_scalar("charts/episodic_length", episodic_length, env_global_step)
+
+        with torch.no_grad():
+            next_value = agent.get_value(next_obs).flatten()
+        advantages, returns = compute_gae(rewards, values, dones, next_value, args.gamma, args.gae_lambda)
+
+        # flatten the rollout into one batch
+        b_obs = obs.reshape(-1, obs_dim)
+        b_actions = actions.reshape(-1, action_dim)
+        b_logprobs = logprobs.reshape(-1)
+        b_advantages = advantages.reshape(-1)
+        b_returns = returns.reshape(-1)
+        b_values = values.reshape(-1)
+
+        clipfracs = []
+        for epoch in range(args.update_epochs):
+            b_inds = torch.randperm(args.batch_size, device=device)
+            for start in range(0, args.batch_size, args.minibatch_size):
+                mb_inds = b_inds[start : start + args.minibatch_size]
+                _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
+                loss, stats = ppo_loss(
+                    newlogprob, entropy, newvalue, b_logprobs[mb_inds], b_advantages[mb_inds],
+                    b_returns[mb_inds], b_values[mb_inds], args,
+                )
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+                clipfracs.append(stats["clipfrac"])
+            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
+                break
+
+        y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+        var_y = np.var(y_true)
+        explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+
+        sps = int(global_step / (time.time() - start_time))
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        writer.add_scalar("losses/value_loss", stats["value_loss"].item(), global_step)
+        writer.add_scalar("losses/policy_loss", stats["policy_loss"].item(), global_step)
+        writer.add_scalar("losses/entropy", stats["entropy"].item(), global_step)
+        writer.add_scalar("losses/old_approx_kl", stats["old_approx_kl"].item(), global_step)
+        writer.add_scalar("losses/approx_kl", stats["approx_kl"].item(), global_step)
+        writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
+        writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        progress.show(global_step, sps, recent_returns)
+
+    progress.close()
+    envs.close()  # also finishes the last video
+    recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
+    print(
+        f"finished {args.num_iterations} iterations, {global_step} steps, {sps} SPS, "
+        f"mean return of the last {len(recent_returns)} episodes {recent}"
+    )
+
+    if args.save_model:
+        model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
+        save_model(model_path, agent, obs_rms, args)
+        print(f"model saved to {model_path}")
+        run_evaluation(args, env_id, agent, obs_rms, device, writer, run_name)
+    writer.close()
+    if args.track and args.capture_video:
+        upload_videos(run_name)
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

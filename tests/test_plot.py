@@ -1,0 +1,282 @@
+"""benchmark/plot.py on small TensorBoard runs written here with known values: two scripts, three
+Atari games, two seeds each; every run's last 100 games and its iteration times are chosen so that
+the final returns, the steady SPS and the human-normalized scores are known in advance."""
+
+import json
+import os
+import time
+
+import matplotlib.image
+import numpy as np
+import pytest
+import scipy.stats
+from torch.utils.tensorboard import SummaryWriter
+
+import benchmark.plot as plot
+from common import assert_user_error, run_tool
+
+SCRIPTS = ["alpha", "beta"]
+ENV_IDS = ["ALE/Qbert-v5", "BreakoutNoFrameskip-v4", "PongNoFrameskip-v4"]  # sorted, as the panels are
+SEEDS = [1, 2]
+# Random and human scores from Badia et al. 2020 (Agent57), typed here from the paper's table.
+PUBLISHED = {"Breakout": (1.7, 30.5), "Pong": (-20.7, 14.6), "Qbert": (163.9, 13455.0)}
+
+
+def last_100_value(script: str, env_id: str, seed: int) -> float:
+    """Every one of the run's last 100 games scores this (the 50 games before them score -1000)."""
+    return {"alpha": 10.0, "beta": 20.0}[script] + ENV_IDS.index(env_id) + 4.0 * seed
+
+
+def iteration_rates(script: str, seed: int) -> list[float]:
+    """SPS of each iteration after the first: their median is 400 + 200 * seed for alpha, twice that for beta."""
+    median = (400 + 200 * seed) * (1 if script == "alpha" else 2)
+    return [median / 4, median, median * 1.5, median, median * 0.9]  # a slow one (a pause) does not count
+
+
+def write_run(folder, name: str, returns, text: str | None, rates=()):
+    writer = SummaryWriter(os.path.join(folder, name))
+    start = time.time()
+    if text is not None:
+        writer.add_text("hyperparameters", text)
+    for i, value in enumerate(returns):
+        writer.add_scalar("charts/episodic_return", value, 100 * (i + 1), walltime=start + i)
+    wall = start
+    writer.add_scalar("charts/SPS", 0.0, 1000, walltime=wall)
+    for i, rate in enumerate(rates):
+        wall += 1000 / rate
+        writer.add_scalar("charts/SPS", rate, 1000 * (i + 2), walltime=wall)
+    writer.close()
+
+
+def hyperparameters_text(env_id: str, exp_name: str, seed: int) -> str:
+    rows = {"exp_name": exp_name, "seed": seed, "env_id": env_id, "total_timesteps": 15000}
+    return "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in rows.items())
+
+
+def write_study(runs_dir, env_ids=ENV_IDS):
+    for script in SCRIPTS:
+        for env_id in env_ids:
+            for seed in SEEDS:
+                returns = [-1000.0] * 50 + [last_100_value(script, env_id, seed)] * 100
+                name = f"{env_id.replace('/', '_')}__{script}__{seed}__1700000000"
+                write_run(runs_dir, name, returns, hyperparameters_text(env_id, script, seed),
+                          iteration_rates(script, seed))
+
+
+def table_rows(markdown: str) -> dict[tuple[str, str], list[str]]:
+    rows = [line.strip("|").split(" | ") for line in markdown.splitlines() if line.startswith("| ")]
+    return {(row[0].strip(), row[1].strip()): [cell.strip() for cell in row] for row in rows[1:] if len(row) == 5}
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """The study above plus three folders the tool must skip, plotted once for all the tests below."""
+    folder = tmp_path_factory.mktemp("study")
+    runs_dir = folder / "runs"
+    write_study(runs_dir)
+    (runs_dir / "empty").mkdir()  # no events
+    write_run(runs_dir, "my_experiment", [1.0, 2.0], text=None)  # neither a known name nor a hyperparameters text
+    (runs_dir / "notes.txt").write_text("not a run")
+    result = run_tool("plot.py", "learning", "--runs-dir", "runs", "--out-dir", "out", "--reps", "200", cwd=folder)
+    assert result.returncode == 0, result.stderr
+    return folder, result
+
+
+@pytest.mark.parametrize("name", ["returns_vs_steps.png", "returns_vs_time.png", "aggregate.png",
+                                  "performance_profile.png"])
+def test_each_figure_is_written_as_a_png(study, name):
+    image = matplotlib.image.imread(study[0] / "out" / name)
+    assert image.shape[0] > 100 and image.shape[1] > 100
+    assert image.std() > 0, "not a blank image"
+
+
+def test_the_curves_have_one_panel_per_env_side_by_side(study):
+    height, width, _ = matplotlib.image.imread(study[0] / "out" / "returns_vs_steps.png").shape
+    assert width > 2.5 * height, "three panels in a row"
+
+
+@pytest.mark.parametrize("axis", ["steps", "time"])
+def test_each_panel_is_an_env_with_one_line_per_script(tmp_path, axis):
+    write_study(tmp_path)
+    figure = plot.plot_returns(plot.read_runs(str(tmp_path)), axis, window=100)
+    assert [ax.get_title() for ax in figure.axes] == ENV_IDS
+    for ax in figure.axes:
+        assert [line.get_label() for line in ax.get_lines()] == ["alpha (2 seeds)", "beta (2 seeds)"]
+        assert len(ax.collections) == 2, "a band over the seeds for each script"
+
+
+def test_a_line_ends_at_the_mean_over_seeds_and_its_band_spans_their_spread(tmp_path):
+    write_study(tmp_path)
+    figure = plot.plot_returns(plot.read_runs(str(tmp_path)), "steps", window=100)
+    for ax, env_id in zip(figure.axes, ENV_IDS):
+        for line, band, script in zip(ax.get_lines(), ax.collections, SCRIPTS):
+            finals = [last_100_value(script, env_id, seed) for seed in SEEDS]
+            assert line.get_xdata()[-1] == 15000
+            assert line.get_ydata()[-1] == pytest.approx(np.mean(finals))
+            low, high = band.get_paths()[0].vertices[:, 1].min(), band.get_paths()[0].vertices[:, 1].max()
+            assert high == pytest.approx(np.mean(finals) + np.std(finals))
+            assert low < -900, "the band covers the early games too"
+
+
+def test_the_table_gives_the_final_return_of_the_last_100_games_over_seeds(study):
+    rows = table_rows((study[0] / "out" / "results.md").read_text())
+    assert len(rows) == len(SCRIPTS) * len(ENV_IDS)
+    for script in SCRIPTS:
+        for env_id in ENV_IDS:
+            finals = [last_100_value(script, env_id, seed) for seed in SEEDS]
+            assert rows[env_id, script][2] == "1, 2"
+            assert rows[env_id, script][3] == f"{np.mean(finals):.2f} ± {np.std(finals):.2f}"
+
+
+def test_the_table_gives_the_median_steady_sps_over_seeds(study):
+    rows = table_rows((study[0] / "out" / "results.md").read_text())
+    for script in SCRIPTS:
+        expected = np.median([np.median(iteration_rates(script, seed)) for seed in SEEDS])
+        assert expected == {"alpha": 700, "beta": 1400}[script]
+        for env_id in ENV_IDS:
+            assert rows[env_id, script][4] == f"{expected:,.0f}"
+
+
+def test_the_aggregate_iqm_is_the_trimmed_mean_of_the_human_normalized_scores(study):
+    text = (study[0] / "out" / "results.md").read_text()
+    aggregate = text[text.index("## Aggregate over games"):]
+    assert "3 games (Breakout, Pong, Qbert), 2 run(s) per game" in aggregate
+    for script in SCRIPTS:
+        scores = np.array([
+            [(last_100_value(script, env_id, seed) - PUBLISHED[game][0]) / (PUBLISHED[game][1] - PUBLISHED[game][0])
+             for env_id, game in zip(ENV_IDS, ["Qbert", "Breakout", "Pong"])]
+            for seed in SEEDS
+        ])
+        (row,) = [line for line in aggregate.splitlines() if line.startswith(f"| {script} |")]
+        iqm, median, mean = (cell.strip() for cell in row.strip("|").split("|")[1:])
+        assert iqm.startswith(f"{scipy.stats.trim_mean(scores, 0.25, axis=None):.3f} [")
+        assert median.startswith(f"{np.median(scores):.3f} [")
+        assert mean.startswith(f"{np.mean(scores):.3f} [")
+        low, high = map(float, iqm[iqm.index("[") + 1 : -1].split(", "))
+        assert scores.min() <= low <= high <= scores.max()
+
+
+def test_runs_without_events_or_of_an_unknown_layout_are_skipped_with_one_warning_each(study):
+    folder, result = study
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 3, result.stderr
+    assert "Traceback" not in result.stderr
+    assert any("runs/empty: no events.out.tfevents file" in w for w in warnings)
+    assert any("runs/my_experiment: unknown layout" in w for w in warnings)
+    assert any("runs/notes.txt: not a run directory" in w for w in warnings)
+
+
+def test_the_hyperparameters_text_names_a_run_whatever_its_folder_is_called(tmp_path):
+    write_run(tmp_path, "anything", [3.0], hyperparameters_text("ALE/Pong-v5", "gamma", 7))
+    (run,) = plot.read_runs(str(tmp_path))
+    assert (run.env_id, run.exp_name, run.seed) == ("ALE/Pong-v5", "gamma", 7)
+
+
+def test_the_folder_name_names_a_run_without_hyperparameters_text(tmp_path):
+    write_run(tmp_path, "ALE_Breakout-v5__ppo_atari__3__1700000000", [3.0], text=None)
+    (run,) = plot.read_runs(str(tmp_path))
+    assert (run.env_id, run.exp_name, run.seed) == ("ALE_Breakout-v5", "ppo_atari", 3)
+
+
+def test_a_run_that_finished_no_game_is_skipped_with_a_warning(tmp_path, capsys):
+    write_run(tmp_path, "Pong-v5__alpha__1__1700000000", [], text=None, rates=[100.0])
+    assert plot.read_runs(str(tmp_path)) == []
+    assert "no charts/episodic_return" in capsys.readouterr().err
+
+
+def test_fewer_than_three_games_leave_the_aggregate_out(tmp_path):
+    write_study(tmp_path / "runs", env_ids=ENV_IDS[:2])
+    result = run_tool("plot.py", "learning", "--out-dir", "out", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "aggregate figures left out" in result.stdout
+    assert sorted(os.listdir(tmp_path / "out")) == ["results.md", "returns_vs_steps.png", "returns_vs_time.png"]
+
+
+def test_every_script_gets_the_same_number_of_seeds_per_game_in_the_aggregate(tmp_path):
+    write_study(tmp_path)
+    write_run(tmp_path, "PongNoFrameskip-v4__alpha__3__1700000000", [5.0], hyperparameters_text(
+        "PongNoFrameskip-v4", "alpha", 3))
+    scores, games = plot.normalized_scores(plot.read_runs(str(tmp_path)), window=100)
+    assert games == ["Breakout", "Pong", "Qbert"]
+    assert {script: s.shape for script, s in scores.items()} == {"alpha": (2, 3), "beta": (2, 3)}
+
+
+@pytest.mark.parametrize("env_id, game", [("BreakoutNoFrameskip-v4", "Breakout"), ("ALE/Breakout-v5", "Breakout"),
+                                          ("Breakout-v5", "Breakout"), ("MsPacmanNoFrameskip-v4", "MsPacman"),
+                                          ("CartPole-v1", None)])
+def test_env_ids_of_every_style_name_their_atari_game(env_id, game):
+    assert plot.game_of(env_id) == game
+
+
+def test_human_normalized_scores_are_zero_at_random_and_one_at_human_play():
+    for game, (random_score, human_score) in PUBLISHED.items():
+        assert plot.human_normalized(random_score, game) == 0.0
+        assert plot.human_normalized(human_score, game) == pytest.approx(1.0)
+
+
+def test_no_usable_run_is_a_one_line_error(tmp_path):
+    (tmp_path / "runs" / "empty").mkdir(parents=True)
+    assert_user_error(run_tool("plot.py", "learning", cwd=tmp_path), "no usable run in runs")
+
+
+# ---------------------------------------------------------------------------------------------
+# Throughput
+# ---------------------------------------------------------------------------------------------
+def throughput_results() -> dict:
+    """What benchmark/throughput.py writes with --json, from two rounds of made-up measurements."""
+    import benchmark.throughput as throughput
+
+    samples = {
+        ("ppo_atari", 1, None, "env"): [0.002, 0.004],  # median 3 ms per vector step of 8 envs
+        ("ppo_atari", 1, "none", "nn"): [1.0, 2.0],
+        ("ppo_atari", 1, "bf16", "nn"): [1.0, 1.0],
+        ("ppo_atari", 1, "none", "steady"): [400.0, 420.0],
+        ("ppo_atari", 1, "bf16", "steady"): [550.0, 570.0],
+        ("ppo_atari_multigpu", 1, "none", "steady"): [390.0, 410.0],
+        ("ppo_atari_multigpu", 1, "bf16", "steady"): [500.0, 520.0],
+        ("ppo_atari_multigpu", 2, "none", "steady"): [700.0, 740.0],
+        ("ppo_atari_multigpu", 2, "bf16", "steady"): [900.0, 980.0],
+    }
+    for key in list(samples):
+        if key[3] == "steady":
+            samples[key[:3] + ("reported",)] = [value - 10 for value in samples[key]]
+    rows = throughput.summarize(samples, ["ppo_atari", "ppo_atari_multigpu"], ["none", "bf16"], batch_size=1024,
+                                num_steps=128, num_envs=8)
+    return {"setup": {"env_id": "BreakoutNoFrameskip-v4", "num_envs": 8, "num_steps": 128, "cpus": 2}, "rows": rows}
+
+
+def test_throughput_rows_hold_the_medians_of_the_rounds_and_the_serial_bound():
+    rows = {(row["script"], row["processes"], row["precision"]): row for row in throughput_results()["rows"]}
+    assert list(rows) == [("ppo_atari", 1, "fp32"), ("ppo_atari", 1, "bf16"), ("ppo_atari_multigpu", 1, "fp32"),
+                          ("ppo_atari_multigpu", 1, "bf16"), ("ppo_atari_multigpu", 2, "fp32"),
+                          ("ppo_atari_multigpu", 2, "bf16")]
+    fp32 = rows["ppo_atari", 1, "fp32"]
+    assert fp32["steady_sps"] == 410.0 and fp32["logged_sps"] == 400.0
+    assert fp32["env_only_sps"] == pytest.approx(8 / 0.003)
+    assert fp32["bound_sps"] == pytest.approx(1024 / (128 * 0.003 + 1.5))
+    assert rows["ppo_atari_multigpu", 2, "bf16"]["steady_sps"] == 940.0
+    assert rows["ppo_atari_multigpu", 2, "bf16"]["env_only_sps"] is None, "not measured for the torchrun script"
+
+
+def test_throughput_figure_has_a_bar_per_configuration_and_precision_and_the_env_only_line():
+    results = throughput_results()
+    figure = plot.plot_throughput(results)
+    (ax,) = figure.axes
+    heights = [bar.get_height() for bar in ax.patches]
+    assert heights == [410.0, 400.0, 720.0, 560.0, 510.0, 940.0], "fp32 bars, then bf16 bars"
+    assert [label.get_text() for label in ax.get_xticklabels()] == [
+        "ppo_atari", "ppo_atari_multigpu\n1 process", "ppo_atari_multigpu\n2 processes"]
+    (env_line,) = ax.collections
+    assert env_line.get_segments()[0][0][1] == pytest.approx(8 / 0.003)
+
+
+def test_throughput_command_writes_the_png(tmp_path):
+    (tmp_path / "throughput.json").write_text(json.dumps(throughput_results()))
+    result = run_tool("plot.py", "throughput", "throughput.json", "--out-dir", "out", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert matplotlib.image.imread(tmp_path / "out" / "throughput.png").std() > 0
+
+
+def test_a_throughput_file_of_another_layout_is_a_one_line_error(tmp_path):
+    (tmp_path / "other.json").write_text(json.dumps({"rows": [{"script": "x"}]}))
+    assert_user_error(run_tool("plot.py", "throughput", "other.json", cwd=tmp_path), "is not a")

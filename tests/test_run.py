@@ -1,0 +1,299 @@
+"""benchmark/run.py, the experiment runner, on a fake training script (tests/fake_train.py) that
+prints the scripts' progress lines in a fraction of a second: local workers, logs, status output,
+failures, threads, Ctrl-C, and the Slurm array script."""
+
+import os
+import pty
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from common import FAKE_TRAIN, REPO_ROOT, assert_user_error, is_alive, run_tool, subprocess_environment
+
+FAKE = f"{sys.executable} {FAKE_TRAIN}"
+CORES = len(os.sched_getaffinity(0))
+
+
+def runner(*args: str, cwd, env: dict | None = None):
+    return run_tool("run.py", *args, cwd=cwd, env=env)
+
+
+def start_runner(*args: str, cwd, stdout=subprocess.PIPE):
+    return subprocess.Popen(
+        [sys.executable, os.path.join(REPO_ROOT, "benchmark", "run.py"), *args],
+        cwd=cwd, env=subprocess_environment(), stdout=stdout, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def wait_for_files(folder, count: int, timeout: float = 60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if len(os.listdir(folder)) >= count:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{folder} holds {os.listdir(folder)} after {timeout} s, expected {count} files")
+
+
+def pids_in(folder) -> list[int]:
+    return [int(name[: -len(".pid")]) for name in os.listdir(folder)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Local runs
+# ---------------------------------------------------------------------------------------------
+def test_every_env_id_and_seed_runs_once_with_its_flags_appended(tmp_path):
+    result = runner("--env-ids", "Pong", "ALE/Breakout-v5", "--seeds", "1", "2", "--workers", "2",
+                    "--command", FAKE, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    logs = sorted(os.listdir(tmp_path / "logs"))
+    assert logs == [f"{env}__fake_train__{seed}.log" for env in ("ALE_Breakout-v5", "Pong") for seed in (1, 2)]
+    for env_id, seed in [("Pong", 1), ("Pong", 2), ("ALE/Breakout-v5", 1), ("ALE/Breakout-v5", 2)]:
+        log = (tmp_path / "logs" / f"{env_id.replace('/', '_')}__fake_train__{seed}.log").read_text()
+        assert f"--env-id {env_id} --seed {seed}" in log.splitlines()[0], "the log starts with the command"
+        assert f"env {env_id} seed {seed} " in log, "the run got its env id and seed"
+        assert f"mean return of the last 3 games {seed + 0.3:.2f}" in log, "stdout and stderr are in the log"
+
+
+def test_failed_runs_are_all_named_in_one_error_line_and_the_exit_is_non_zero(tmp_path):
+    result = runner("--env-ids", "Pong", "Qbert", "--seeds", "1", "2", "3", "--workers", "2",
+                    "--command", f"{FAKE} --fail-seeds 2 3", cwd=tmp_path)
+    assert_user_error(result, "4 of 6 runs failed")
+    error_line = result.stderr.strip().splitlines()[-1]
+    failed = [f"{env}__fake_train__{seed}" for env in ("Pong", "Qbert") for seed in (2, 3)]
+    assert all(f"{name} (exit 1, logs/{name}.log)" in error_line for name in failed), error_line
+    assert "__1 " not in error_line and "__1(" not in error_line, "the runs that succeeded are not named"
+
+
+def test_off_a_terminal_progress_comes_as_plain_lines_with_the_latest_sps_and_return(tmp_path):
+    result = runner("--env-ids", "Pong", "--seeds", "1", "2", "--workers", "2", "--status-interval", "0.3",
+                    "--command", f"{FAKE} --iterations 4 --sleep 0.4", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "\x1b[" not in result.stdout, "no terminal control codes in a log file"
+    assert re.search(r"^\[\d\d:\d\d:\d\d\] started Pong__fake_train__1 \(pid \d+", result.stdout, re.M)
+    # A progress line while the runs were going, and the last one each run printed at the end.
+    assert re.search(r"running Pong__fake_train__2 \S+: steps [\d,]+/4,000, 20\d SPS, return 2\.\d0", result.stdout)
+    assert "done Pong__fake_train__1 after" in result.stdout
+    final_table = result.stdout.strip().splitlines()[-3:]
+    assert final_table[0].split() == ["run", "state", "elapsed", "steps", "SPS", "return"]
+    assert final_table[1].split()[:2] == ["Pong__fake_train__1", "done"]
+    assert final_table[1].split()[3:] == ["4,000/4,000", "104", "1.40"]
+    assert final_table[2].split()[3:] == ["4,000/4,000", "204", "2.40"]
+
+
+def test_on_a_terminal_a_status_table_is_redrawn_in_place(tmp_path):
+    controller, terminal = pty.openpty()
+    process = start_runner("--env-ids", "Pong", "--seeds", "1", "2", "3", "--workers", "2",
+                           "--command", f"{FAKE} --sleep 0.6", cwd=tmp_path, stdout=terminal)
+    os.close(terminal)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(controller, 4096)
+        except OSError:  # the runner closed the terminal
+            break
+        if not chunk:
+            break
+        output += chunk
+    assert process.wait(timeout=60) == 0, process.stderr.read()
+    text = output.decode()
+    assert "\x1b[5F\x1b[J" in text, "the table of 3 runs, a header and a count line is redrawn in place"
+    tables = text.split("\x1b[5F\x1b[J")
+    assert any(re.search(r"Pong__fake_train__3\s+queued", t) and re.search(r"__1\s+running", t) for t in tables)
+    assert re.search(r"Pong__fake_train__3\s+done\s+\S+\s+3,000/3,000\s+303\s+3\.30", tables[-1])
+    assert "3 done" in tables[-1]
+
+
+def test_each_run_gets_cores_divided_by_workers_threads(tmp_path):
+    for workers in (1, 2):
+        result = runner("--env-ids", "Pong", "--seeds", "1", "--workers", str(workers), "--log-dir", f"w{workers}",
+                        "--command", FAKE, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        log = (tmp_path / f"w{workers}" / "Pong__fake_train__1.log").read_text()
+        assert f"OMP_NUM_THREADS={max(1, CORES // workers)}\n" in log
+
+
+def test_a_torchrun_command_divides_the_threads_by_its_processes_per_node(tmp_path):
+    result = runner("--env-ids", "Pong", "--seeds", "1", "--workers", "1", "--dry-run",
+                    "--command", "torchrun --standalone --nproc-per-node=2 cleanrl/ppo_atari_multigpu.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"OMP_NUM_THREADS={max(1, CORES // 2)} torchrun")
+
+
+def test_a_thread_count_in_the_command_overrides_the_runners(tmp_path):
+    result = runner("--env-ids", "Pong", "--seeds", "1", "--command", f"OMP_NUM_THREADS=7 {FAKE}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "OMP_NUM_THREADS=7\n" in (tmp_path / "logs" / "Pong__fake_train__1.log").read_text()
+
+
+def test_dry_run_prints_every_command_and_runs_nothing(tmp_path):
+    result = runner("--env-ids", "Pong", "Qbert", "--seeds", "1", "2", "--dry-run",
+                    "--command", f"{FAKE} --sleep 100", "python cleanrl/ppo_atari.py --total-timesteps 1000", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 8
+    assert lines[0].endswith(f"{FAKE} --sleep 100 --env-id Pong --seed 1  > logs/Pong__fake_train__1.log")
+    assert lines[7].endswith("cleanrl/ppo_atari.py --total-timesteps 1000 --env-id Qbert --seed 2  "
+                             "> logs/Qbert__ppo_atari__2.log")
+    assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.parametrize(
+    "arguments, fragment",
+    [
+        (["--workers", "0", "--command", FAKE], "--workers must be at least 1"),
+        (["--command", f"{FAKE} --seed 3"], "--command already has --seed"),
+        (["--command", f"{FAKE} --env-id=Qbert"], "--command already has --env-id"),
+        (["--command", FAKE, FAKE], "give each --command its own --exp-name"),
+        (["--command", "python 'unbalanced"], "cannot parse --command"),
+    ],
+)
+def test_bad_input_is_a_one_line_error(tmp_path, arguments, fragment):
+    assert_user_error(runner("--env-ids", "Pong", *arguments, cwd=tmp_path), fragment)
+
+
+def test_two_commands_with_their_own_exp_names_both_run(tmp_path):
+    result = runner("--env-ids", "Pong", "--command", f"{FAKE} --exp-name a", f"{FAKE} --exp-name b", "--dry-run",
+                    cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "logs/Pong__a__1.log" in result.stdout and "logs/Pong__b__1.log" in result.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# Ctrl-C
+# ---------------------------------------------------------------------------------------------
+def interrupt_and_check_nothing_is_left(process, pid_dir, expected_processes: int):
+    wait_for_files(pid_dir, expected_processes)
+    pids = pids_in(pid_dir)
+    assert all(is_alive(pid) for pid in pids)
+    started = time.time()
+    process.send_signal(signal.SIGINT)
+    try:
+        _, stderr = process.communicate(timeout=60)
+        assert process.returncode == 130, stderr
+        assert [pid for pid in pids if is_alive(pid)] == [], "every process the runs started is gone"
+    finally:  # a failing test leaves nothing behind either
+        for pid in filter(is_alive, pids):
+            os.kill(pid, signal.SIGKILL)
+    return stderr, time.time() - started
+
+
+def test_ctrl_c_stops_every_run_and_every_process_they_started(tmp_path):
+    # Each fake run starts a helper in a session of its own, as torchrun does with its workers:
+    # stopping the run's process group alone would leave the helpers behind.
+    (tmp_path / "pids").mkdir()
+    process = start_runner("--env-ids", "Pong", "--seeds", "1", "2", "3", "--workers", "2",
+                           "--command", f"{FAKE} --sleep 100 --pid-dir pids --spawn-helper", cwd=tmp_path)
+    stderr, _ = interrupt_and_check_nothing_is_left(process, tmp_path / "pids", 4)
+    assert stderr.strip().splitlines()[-1] == (
+        "error: interrupted: stopped Pong__fake_train__1, Pong__fake_train__2, 1 not started"
+    )
+    assert not (tmp_path / "logs" / "Pong__fake_train__3.log").exists()
+
+
+def test_a_run_that_ignores_ctrl_c_is_killed_after_the_stop_timeout(tmp_path):
+    (tmp_path / "pids").mkdir()
+    process = start_runner("--env-ids", "Pong", "--seeds", "1", "--stop-timeout", "1",
+                           "--command", f"{FAKE} --sleep 100 --pid-dir pids --spawn-helper --ignore-sigint",
+                           cwd=tmp_path)
+    _, seconds = interrupt_and_check_nothing_is_left(process, tmp_path / "pids", 2)
+    assert seconds < 10
+
+
+@pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None, reason="no torchrun")
+def test_ctrl_c_stops_a_torchrun_run_and_its_workers(tmp_path):
+    (tmp_path / "pids").mkdir()
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    process = start_runner("--env-ids", "Pong", "--seeds", "1",
+                           "--command", f"{torchrun} --standalone --nproc-per-node=2 {FAKE_TRAIN} --sleep 100 "
+                                        "--pid-dir pids", cwd=tmp_path)
+    interrupt_and_check_nothing_is_left(process, tmp_path / "pids", 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Slurm
+# ---------------------------------------------------------------------------------------------
+SLURM_ARGS = ["--env-ids", "Pong", "ALE/Breakout-v5", "--seeds", "1", "2", "3", "--slurm", "--job-name", "study",
+              "--partition", "cpu", "--cpus-per-task", "4", "--gpus", "1", "--time", "2:00:00", "--mem", "8G"]
+
+
+def sbatch_options(script: str) -> dict[str, str]:
+    return dict(line[len("#SBATCH --"):].split("=", 1) for line in script.splitlines() if line.startswith("#SBATCH"))
+
+
+def test_slurm_script_asks_for_one_array_task_per_env_and_seed_with_the_resources(tmp_path):
+    result = runner(*SLURM_ARGS, "--workers", "2", "--command", FAKE, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    script = (tmp_path / "logs" / "study.sbatch").read_text()
+    assert script in result.stdout, "the script is printed"
+    assert script.startswith("#!/bin/bash\n")
+    assert sbatch_options(script) == {
+        "job-name": "study", "array": "0-5%2", "cpus-per-task": "4", "time": "2:00:00", "mem": "8G",
+        "output": str(tmp_path / "logs" / "study-%A_%a.out"), "partition": "cpu", "gpus": "1",
+    }
+    assert "{{" not in script
+    assert subprocess.run(["bash", "-n", str(tmp_path / "logs" / "study.sbatch")]).returncode == 0
+
+
+def test_slurm_script_without_partition_gpus_or_worker_cap_leaves_them_out(tmp_path):
+    result = runner("--env-ids", "Pong", "--seeds", "1", "2", "--slurm", "--command", FAKE, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    options = sbatch_options((tmp_path / "logs" / "cleanrl.sbatch").read_text())
+    assert options["array"] == "0-1"
+    assert "partition" not in options and "gpus" not in options
+
+
+@pytest.mark.parametrize("task", range(6))
+def test_slurm_array_task_k_runs_the_kth_command_into_its_own_log(tmp_path, task):
+    result = runner(*SLURM_ARGS, "--command", f"{FAKE} --iterations 1", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    env_id, seed = ["Pong", "ALE/Breakout-v5"][task // 3], [1, 2, 3][task % 3]
+    name = f"{env_id.replace('/', '_')}__fake_train__{seed}"
+    script = tmp_path / "logs" / "study.sbatch"
+    # Run the task the way Slurm would, from elsewhere: the script goes back to the submit folder.
+    environment = {**os.environ, "SLURM_ARRAY_TASK_ID": str(task), "SLURM_CPUS_PER_TASK": "4"}
+    task_run = subprocess.run(["bash", str(script)], cwd="/", env=environment, capture_output=True, text=True)
+    assert task_run.returncode == 0, task_run.stderr
+    assert task_run.stdout.startswith(f"task {task}: {name} (OMP_NUM_THREADS=4")
+    log = (tmp_path / "logs" / f"{name}.log").read_text()
+    assert f"env {env_id} seed {seed} OMP_NUM_THREADS=4\n" in log
+    assert f"# {FAKE} --iterations 1 --env-id {shlex.quote(env_id)} --seed {seed}\n" == log.splitlines(True)[0]
+
+
+def test_slurm_task_of_a_failing_run_fails(tmp_path):
+    runner("--env-ids", "Pong", "--seeds", "2", "--slurm", "--command", f"{FAKE} --fail-seeds 2", cwd=tmp_path)
+    environment = {**os.environ, "SLURM_ARRAY_TASK_ID": "0", "SLURM_CPUS_PER_TASK": "1"}
+    task_run = subprocess.run(["bash", str(tmp_path / "logs" / "cleanrl.sbatch")], env=environment,
+                              capture_output=True, text=True)
+    assert task_run.returncode == 1
+
+
+def test_slurm_submits_with_sbatch_when_it_is_on_path(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/sbatch-args\necho "Submitted batch job 42"\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    result = runner("--env-ids", "Pong", "--slurm", "--command", FAKE, cwd=tmp_path,
+                    env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert result.returncode == 0, result.stderr
+    assert "Submitted batch job 42" in result.stdout
+    assert (tmp_path / "sbatch-args").read_text().strip() == os.path.join("logs", "cleanrl.sbatch")
+
+
+@pytest.mark.skipif(shutil.which("sbatch") is not None, reason="this machine has sbatch")
+def test_slurm_without_sbatch_writes_the_script_and_says_how_to_submit_it(tmp_path):
+    result = runner("--env-ids", "Pong", "--slurm", "--command", FAKE, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "sbatch is not on PATH: submit it on the cluster with `sbatch logs/cleanrl.sbatch`" in result.stdout
+
+
+def test_slurm_dry_run_prints_the_script_and_writes_nothing(tmp_path):
+    result = runner("--env-ids", "Pong", "--slurm", "--dry-run", "--command", FAKE, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "#SBATCH --array=0-0" in result.stdout
+    assert not (tmp_path / "logs").exists()
