@@ -232,13 +232,14 @@ def test_capture_video_writes_mp4_files(tmp_path):
     assert videos and all(os.path.getsize(v) > 1000 for v in videos)
 
 
-def test_wandb_offline_run_is_created(tmp_path):
+def test_wandb_offline_run_is_created_with_the_videos(tmp_path):
     result = run_script(
-        "dqn.py", "--total-timesteps", "300", "--learning-starts", "200", "--track", cwd=tmp_path,
+        "dqn.py", "--total-timesteps", "300", "--learning-starts", "200", "--track", "--capture-video", cwd=tmp_path,
         env={"WANDB_DIR": str(tmp_path)},
     )
     assert result.returncode == 0, result.stderr
-    assert glob.glob(str(tmp_path / "wandb" / "offline-run-*")), os.listdir(tmp_path)
+    (wandb_run,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
+    assert glob.glob(os.path.join(wandb_run, "files", "videos", "*", "*.mp4"))
 
 
 @pytest.mark.parametrize(
