@@ -94,6 +94,19 @@ def stop(process: subprocess.Popen):
             process.wait()
 
 
+def wait_all(launches: list[tuple[subprocess.Popen, object]], timeout: int) -> list[tuple[str, int, object]]:
+    """Waits for processes started together (each with its folder); returns (output, exit code,
+    folder) of each. Whatever happens, none is left running."""
+    outputs = []
+    try:
+        for process, cwd in launches:
+            outputs.append((process.communicate(timeout=timeout)[0], process.returncode, cwd))
+    finally:
+        for process, _ in launches:
+            stop(process)
+    return outputs
+
+
 def rank_lines(output: str, pattern: str) -> dict[int, re.Match]:
     """The matches of a per-rank message `rank R...` in a run's output, by rank."""
     return {int(m["rank"]): m for m in re.finditer(pattern, output)}

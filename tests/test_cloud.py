@@ -27,7 +27,7 @@ import botocore.session
 import pytest
 import torch
 from botocore.validate import ParamValidator
-from common import REPO_ROOT, assert_user_error, free_port, rank_lines, read_scalars, run_dirs, stop
+from common import REPO_ROOT, assert_user_error, free_port, rank_lines, read_scalars, run_dirs, stop, wait_all
 from moto.server import ThreadedMotoServer
 
 import cleanrl.ppo_atari_multigpu as multigpu
@@ -510,14 +510,7 @@ def two_node_job(tmp_path_factory):
         env = container_environment(**{**job_environment, "MASTER_PORT": port},  # 29500 may be taken here
                                     **node_environment(2, index, main=1, address="127.0.0.1"))
         nodes.append((start_container(command, cwd, env), cwd))
-    outputs = []
-    try:
-        for process, cwd in nodes:
-            outputs.append((process.communicate(timeout=300)[0], process.returncode, cwd))
-    finally:
-        for process, _ in nodes:
-            stop(process)
-    return outputs
+    return wait_all(nodes, timeout=300)
 
 
 def test_two_nodes_train_as_one_job_and_end_with_identical_weights(two_node_job):

@@ -19,7 +19,7 @@ import pytest
 import torch
 from common import (
     PPO_TAGS, REPO_ROOT, assert_rollout_dones_and_rewards, assert_user_error, capped_cubic_games, free_port,
-    mp4_frames, rank_lines, read_scalars, run_dirs, run_script, stop,
+    mp4_frames, rank_lines, read_scalars, run_dirs, run_script, stop, wait_all,
 )
 
 import cleanrl.ppo_atari as ppo_atari
@@ -345,14 +345,7 @@ def two_node_bf16_run(tmp_path_factory):
                    "--total-timesteps", str(3 * ITERATION), "--mixed-precision", "bf16", "--target-kl", "0.0",
                    "--progress-interval", "0"]
         launches.append((start(command, cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT), cwd))
-    outputs = []
-    try:
-        for process, cwd in launches:
-            outputs.append((process.communicate(timeout=180)[0], process.returncode, cwd))
-    finally:
-        for process, _ in launches:
-            stop(process)
-    return outputs
+    return wait_all(launches, timeout=180)
 
 
 def test_two_nodes_of_one_process_train_as_one_job(two_node_bf16_run):
