@@ -54,7 +54,7 @@ class Args:
     eval_episodes: int = 10
     """the number of full games played by the evaluation"""
     mixed_precision: Literal["none", "bf16"] = "none"
-    """bf16 computes the network in bfloat16; parameters, gradients, loss and optimizer stay fp32"""
+    """bf16 computes the network body in bfloat16; heads, parameters, gradients, loss and optimizer stay fp32"""
 
     # Environment
     env_id: str = "Breakout-v5"
@@ -252,27 +252,32 @@ class Agent(nn.Module):
             nn.Dense(512, dtype=self.dtype, **layer_init()),
             nn.relu,
         ])
-        self.actor = nn.Dense(self.num_actions, dtype=self.dtype, **layer_init(0.01))
-        self.critic = nn.Dense(1, dtype=self.dtype, **layer_init(1.0))
+        self.actor = nn.Dense(self.num_actions, dtype=jnp.float32, **layer_init(0.01))
+        self.critic = nn.Dense(1, dtype=jnp.float32, **layer_init(1.0))
 
     def hidden(self, obs):
         # obs: (batch, 4, 84, 84) uint8 from envpool; flax convolutions are channels-last.
         x = jnp.transpose(obs, (0, 2, 3, 1)).astype(self.dtype) / 255.0
         return self.network(x)
 
+    def heads(self, hidden):
+        # The two heads compute in fp32 even under bf16: values and log-probabilities feed GAE, value
+        # clipping and the probability ratio, where bf16's 3 significant digits would show; the two
+        # small layers cost nothing. Returns (logits, value).
+        hidden = hidden.astype(jnp.float32)
+        return self.actor(hidden), self.critic(hidden)[:, 0]
+
     def get_value(self, obs):
-        # fp32 out: under bf16 the heads compute in bf16, the losses must not.
-        return self.critic(self.hidden(obs))[:, 0].astype(jnp.float32)
+        return self.heads(self.hidden(obs))[1]
 
     def get_action_and_value(self, obs, key=None, action=None):
-        hidden = self.hidden(obs)
-        logits = self.actor(hidden).astype(jnp.float32)
+        logits, value = self.heads(self.hidden(obs))
         if action is None:
             action = jax.random.categorical(key, logits)  # Gumbel-max sampling
         logprobs = jax.nn.log_softmax(logits)
         logprob = jnp.take_along_axis(logprobs, action[:, None], axis=1)[:, 0]
         entropy = -(jnp.exp(logprobs) * logprobs).sum(-1)
-        return action, logprob, entropy, self.critic(hidden)[:, 0].astype(jnp.float32)
+        return action, logprob, entropy, value
 
 
 # ---------------------------------------------------------------------------------------------

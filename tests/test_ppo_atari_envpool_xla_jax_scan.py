@@ -200,6 +200,25 @@ def test_data_parallel_gradient_equals_the_single_device_gradient():
     assert result.returncode == 0 and "same step" in result.stdout, result.stderr[-3000:]
 
 
+def test_bf16_leaves_the_heads_in_fp32():
+    # Values and log-probabilities feed GAE and the ratio: under bf16 they must still be the fp32
+    # heads applied to the (bf16) hidden features, not bf16-rounded numbers (as in the torch scripts).
+    agent = ppo_jax.Agent(4, jnp.bfloat16)
+    params = ppo_jax.init_params(agent, jax.random.key(0))
+    rng = np.random.default_rng(0)
+    obs = jnp.asarray(rng.integers(0, 256, (16, 4, 84, 84), dtype=np.uint8))
+    action = jnp.asarray(rng.integers(0, 4, 16), jnp.int32)
+    hidden = agent.apply(params, obs, method=ppo_jax.Agent.hidden)
+    _, logprob, _, value = agent.apply(params, obs, action=action, method=ppo_jax.Agent.get_action_and_value)
+    assert hidden.dtype == jnp.bfloat16 and value.dtype == logprob.dtype == jnp.float32
+    fp64 = lambda x: np.asarray(x, np.float64)
+    dense = lambda head: fp64(hidden) @ fp64(params["params"][head]["kernel"]) + fp64(params["params"][head]["bias"])
+    logits = dense("actor")
+    expected_logprob = (logits - np.log(np.exp(logits).sum(1, keepdims=True)))[np.arange(16), np.asarray(action)]
+    np.testing.assert_allclose(value, dense("critic")[:, 0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(logprob, expected_logprob, rtol=1e-6, atol=1e-6)
+
+
 # --- Environment ids --------------------------------------------------------------------------
 @pytest.mark.parametrize("env_id", ["Breakout-v5", "ALE/Breakout-v5", "BreakoutNoFrameskip-v4"])
 def test_env_id_styles_name_the_same_envpool_task(env_id):
