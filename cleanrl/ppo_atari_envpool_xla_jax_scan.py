@@ -69,8 +69,8 @@ class Args:
     """total environment steps (agent steps, each 4 emulator frames) of the experiment"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
-    local_num_envs: int = 8
-    """the number of parallel game environments per device"""
+    num_envs: int = 8
+    """the number of parallel game environments of the job, split evenly over its devices"""
     num_steps: int = 128
     """the number of steps run in each environment per policy rollout"""
     anneal_lr: bool = True
@@ -112,8 +112,8 @@ class Args:
     # Computed at run time (hidden from the command line: a value given there would be overwritten)
     num_devices: tyro.conf.Suppress[int] = 0
     """the number of devices of the job (all hosts)"""
-    num_envs: tyro.conf.Suppress[int] = 0
-    """the number of environments of the job (local_num_envs * num_devices)"""
+    local_num_envs: tyro.conf.Suppress[int] = 0
+    """the number of environments of each device (num_envs // num_devices)"""
     batch_size: tyro.conf.Suppress[int] = 0
     """the batch size (num_envs * num_steps)"""
     local_batch_size: tyro.conf.Suppress[int] = 0
@@ -646,20 +646,23 @@ def main(args: Args):
             args.process_id if args.process_id is not None else env_int("JAX_PROCESS_ID"),
         )
 
-    if min(args.local_num_envs, args.num_steps, args.num_minibatches, args.update_epochs, args.max_episode_steps) < 1:
-        fail(
-            "--local-num-envs, --num-steps, --num-minibatches, --update-epochs and --max-episode-steps must be positive"
-        )
+    if min(args.num_envs, args.num_steps, args.num_minibatches, args.update_epochs, args.max_episode_steps) < 1:
+        fail("--num-envs, --num-steps, --num-minibatches, --update-epochs and --max-episode-steps must be positive")
     if args.eval_episodes < 1:
         fail("--eval-episodes must be positive")
     args.num_devices = jax.device_count()
-    args.num_envs = args.local_num_envs * args.num_devices
+    if args.num_envs % args.num_devices != 0:
+        fail(
+            f"--num-envs {args.num_envs} does not split evenly over {args.num_devices} devices;"
+            f" use a multiple of {args.num_devices}"
+        )
+    args.local_num_envs = args.num_envs // args.num_devices
     args.local_batch_size = args.local_num_envs * args.num_steps
     args.batch_size = args.local_batch_size * args.num_devices
     if args.local_batch_size % args.num_minibatches != 0:
         fail(
-            f"local_num_envs * num_steps = {args.local_batch_size} is not divisible by"
-            f" num_minibatches = {args.num_minibatches}"
+            f"each device's batch, num_envs / devices * num_steps = {args.local_batch_size}, is not divisible by"
+            f" --num-minibatches {args.num_minibatches}"
         )
     args.minibatch_size = args.batch_size // args.num_minibatches
     if args.norm_adv and args.minibatch_size < 2:

@@ -26,13 +26,13 @@ SCRIPT = "ppo_atari_envpool_xla_jax_scan.py"
 TWO_HOST_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
 # The short run, on two host devices with one env each: 2 envs x 64 steps, 4 iterations. Random
 # play finishes a few Breakout games in it.
-SHORT_RUN = ["--local-num-envs", "1", "--num-steps", "64", "--total-timesteps", "512"]
+SHORT_RUN = ["--num-envs", "2", "--num-steps", "64", "--total-timesteps", "512"]
 
 
 def small_args(**overrides) -> ppo_jax.Args:
     """The Args main would compute for one device and a tiny batch."""
-    args = ppo_jax.Args(**{**dict(local_num_envs=2, num_steps=8, num_minibatches=2, update_epochs=2), **overrides})
-    args.num_devices, args.num_envs = 1, args.local_num_envs
+    args = ppo_jax.Args(**{**dict(num_envs=2, num_steps=8, num_minibatches=2, update_epochs=2), **overrides})
+    args.num_devices, args.local_num_envs = 1, args.num_envs
     args.local_batch_size = args.batch_size = args.local_num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     return args
@@ -341,7 +341,7 @@ def test_save_then_evaluate_round_trip(short_run):
 
 def test_bf16_training_run_gives_finite_losses(tmp_path):
     result = run_script(
-        SCRIPT, "--local-num-envs", "2", "--num-steps", "32", "--total-timesteps", "128",
+        SCRIPT, "--num-envs", "2", "--num-steps", "32", "--total-timesteps", "128",
         "--mixed-precision", "bf16", cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
@@ -355,7 +355,7 @@ def test_bf16_training_run_gives_finite_losses(tmp_path):
     "args, message",
     [
         (["--env-id", "NoSuchGame-v5"], "unknown Atari env id"),
-        (["--local-num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], "not divisible"),
+        (["--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], "not divisible"),
         (["--total-timesteps", "100"], "smaller than one batch"),
         (["--num-steps", "0"], "must be positive"),
         (["--eval-episodes", "0"], "must be positive"),
@@ -364,6 +364,31 @@ def test_bf16_training_run_gives_finite_losses(tmp_path):
 )
 def test_bad_input_is_a_one_line_error(tmp_path, args, message):
     assert_user_error(run_script(SCRIPT, *args, cwd=tmp_path), message)
+
+
+def test_num_envs_that_does_not_split_over_the_devices_is_a_one_line_error(tmp_path):
+    result = run_script(SCRIPT, "--num-envs", "3", cwd=tmp_path, env=TWO_HOST_DEVICES)
+    assert_user_error(result, "--num-envs 3 does not split evenly over 2 devices", "multiple of 2")
+
+
+# CleanRL's own command lines for its ppo_atari_envpool_xla_jax_scan.py (its docs and benchmark
+# scripts), with the budget cut down to two iterations.
+CLEANRL_INVOCATIONS = [
+    ["--env-id", "Breakout-v5", "--total-timesteps", "256", "--num-envs", "8", "--num-steps", "16", "--seed", "1"],
+    ["--env-id", "Pong-v5", "--track", "--total-timesteps", "128", "--num-envs", "4", "--num-steps", "16"],
+]
+
+
+@pytest.mark.parametrize("invocation", CLEANRL_INVOCATIONS, ids=["breakout-num-envs-8", "pong-track"])
+def test_cleanrl_command_lines_run_with_num_envs_as_the_total_over_devices(tmp_path, invocation):
+    result = run_script(SCRIPT, *invocation, cwd=tmp_path, env=TWO_HOST_DEVICES)
+    assert result.returncode == 0, result.stderr
+    num_envs = int(invocation[invocation.index("--num-envs") + 1])
+    batch = num_envs * 16
+    assert f"on 1 process(es): {num_envs} envs ({num_envs // 2} per device), batch {batch}," in result.stdout
+    assert f"finished 2 iterations, {2 * batch} steps" in result.stdout
+    (run_dir,) = run_dirs(tmp_path)
+    assert [step for step, _ in read_scalars(run_dir)["charts/SPS"]] == [batch, 2 * batch]
 
 
 def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):
