@@ -140,8 +140,8 @@ def measure_nn_jax(module, num_envs: int, num_steps: int, precision: str, repeat
     import optax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    args = module.Args(local_num_envs=num_envs, num_steps=num_steps, mixed_precision=precision)
-    args.num_devices, args.num_envs = 1, num_envs
+    args = module.Args(num_envs=num_envs, num_steps=num_steps, mixed_precision=precision)
+    args.num_devices, args.local_num_envs = 1, num_envs
     args.local_batch_size = args.batch_size = num_envs * num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     agent = module.Agent(4, jnp.bfloat16 if precision == "bf16" else jnp.float32)
@@ -207,11 +207,10 @@ def measure_real(
     With `seconds`, the run has a budget it cannot finish and is interrupted after that long; the
     iterations its TensorBoard writer had flushed by then are the measurement.
     """
-    envs_flag = "--local-num-envs" if script == JAX_SCRIPT else "--num-envs"
     total_timesteps = num_envs * num_steps * (iterations if seconds is None else 10**6)
     command = [
         sys.executable, os.path.join(REPO_ROOT, "cleanrl", f"{script}.py"), "--env-id", env_id,
-        envs_flag, str(num_envs), "--num-steps", str(num_steps),
+        "--num-envs", str(num_envs), "--num-steps", str(num_steps),
         "--total-timesteps", str(total_timesteps), "--mixed-precision", precision,
     ]
     with tempfile.TemporaryDirectory() as workdir:
