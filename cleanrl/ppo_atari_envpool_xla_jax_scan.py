@@ -55,6 +55,8 @@ class Args:
     """the number of full games played by the evaluation"""
     mixed_precision: Literal["none", "bf16"] = "none"
     """bf16 computes the network body in bfloat16; heads, parameters, gradients, loss and optimizer stay fp32"""
+    progress_interval: float = 30.0
+    """seconds between plain progress lines when stderr is not a terminal (log files, Slurm, nohup)"""
 
     # Environment
     env_id: str = "Breakout-v5"
@@ -603,18 +605,27 @@ def run_evaluation(args: Args, writer: SummaryWriter | None, agent: Agent | None
 # ---------------------------------------------------------------------------------------------
 # Progress display
 # ---------------------------------------------------------------------------------------------
-def show_progress(global_step: int, total: int, sps: int, recent_returns: deque):
-    if not sys.stderr.isatty():
-        return
-    recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "-"
-    eta = (total - global_step) / max(sps, 1)
-    print(
-        f"\r{global_step:,}/{total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
-        f" | ETA {int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}   ",
-        end="",
-        file=sys.stderr,
-        flush=True,
-    )
+class Progress:
+    """The progress line on stderr: rewritten in place on a terminal; off one (a log file, Slurm,
+    nohup), where nobody sees a rewritten line, a plain line at most every `interval` seconds, and
+    always the first and the last one."""
+
+    def __init__(self, total: int, interval: float):
+        self.total, self.interval, self.printed_at = total, interval, None
+
+    def show(self, global_step: int, sps: int, recent_returns: deque):
+        recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
+        eta = (self.total - global_step) / max(sps, 1)
+        line = (
+            f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
+            f" | ETA {int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}"
+        )
+        last = global_step >= self.total
+        if sys.stderr.isatty():
+            print(f"\r{line}   ", end="\n" if last else "", file=sys.stderr, flush=True)
+        elif self.printed_at is None or last or time.monotonic() - self.printed_at >= self.interval:
+            print(line, file=sys.stderr, flush=True)
+            self.printed_at = time.monotonic()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -778,6 +789,7 @@ def main(args: Args):
     start_time = time.time()
     recent_returns = deque(maxlen=20)
     sps = 0
+    progress = Progress(args.num_iterations * args.batch_size, args.progress_interval)
     for iteration in range(1, args.num_iterations + 1):
         learning_rate = args.learning_rate
         if args.anneal_lr:
@@ -831,10 +843,8 @@ def main(args: Args):
             writer.add_scalar("losses/clipfrac", clipfrac, global_step)
             writer.add_scalar("losses/explained_variance", host(explained_var), global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
-            show_progress(global_step, args.num_iterations * args.batch_size, sps, recent_returns)
+            progress.show(global_step, sps, recent_returns)
 
-    if is_main and sys.stderr.isatty():
-        print(file=sys.stderr)
     # Every device must hold the same parameters: the same gradient is applied everywhere.
     as_bytes = lambda params: b"".join(np.asarray(leaf).tobytes() for leaf in jax.tree.leaves(params))
     digests = [hashlib.sha256(as_bytes(on_device(train_state.params, d))).hexdigest()[:16] for d in local_devices]

@@ -3,6 +3,7 @@ checks that every script of a family must pass."""
 
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -137,3 +138,26 @@ def assert_corrupt_checkpoint_rejected(script: str, tmp_path):
     (tmp_path / "corrupt.cleanrl_model").write_bytes(b"not a checkpoint")
     result = run_script(script, "--eval-checkpoint", "corrupt.cleanrl_model", cwd=tmp_path)
     assert_user_error(result, "not a readable")
+
+
+# The progress line every script prints on stderr (CONVENTIONS: "Progress output").
+PROGRESS_LINE = re.compile(
+    r"^([\d,]+)/([\d,]+) steps \| ([\d,]+) SPS \| return \(last (\d+)\) (\S+) \| ETA (\d+):(\d\d):(\d\d)$"
+)
+
+
+def assert_progress_line_per_iteration(stderr: str, scalars: dict, batch_size: int, iterations: int):
+    """A run with `--progress-interval 0` off a terminal printed one plain progress line per
+    iteration, at the end of each, with the mean of the last (up to 20) returns logged by then."""
+    lines = [line for line in stderr.splitlines() if " steps | " in line]
+    assert len(lines) == iterations, stderr
+    games = scalars.get("charts/episodic_return", [])
+    for i, line in enumerate(lines):
+        match = PROGRESS_LINE.match(line)
+        assert match, line
+        step, total, _, n, recent = match.groups()[:5]
+        assert int(step.replace(",", "")) == batch_size * (i + 1)
+        assert int(total.replace(",", "")) == batch_size * iterations
+        returns = [value for game_step, value in games if game_step <= batch_size * (i + 1)][-20:]
+        assert int(n) == len(returns)
+        assert recent == (f"{np.mean(returns):.2f}" if returns else "-")

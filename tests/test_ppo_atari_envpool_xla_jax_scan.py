@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from collections import deque
 from functools import partial
 
 import jax
@@ -14,8 +15,8 @@ import numpy as np
 import optax
 import pytest
 from common import (
-    REPO_ROOT, assert_corrupt_checkpoint_rejected, assert_gae_matches_reference, assert_short_atari_run_logged,
-    assert_user_error, read_scalars, run_dirs, run_script,
+    REPO_ROOT, assert_corrupt_checkpoint_rejected, assert_gae_matches_reference, assert_progress_line_per_iteration,
+    assert_short_atari_run_logged, assert_user_error, read_scalars, run_dirs, run_script,
 )
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
@@ -307,7 +308,10 @@ def test_patch_convolution_equals_xla_convolution():
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("short_run")
-    result = run_script(SCRIPT, *SHORT_RUN, "--save-model", "--eval-episodes", "2", cwd=cwd, env=TWO_HOST_DEVICES)
+    result = run_script(
+        SCRIPT, *SHORT_RUN, "--save-model", "--eval-episodes", "2", "--progress-interval", "0", cwd=cwd,
+        env=TWO_HOST_DEVICES,
+    )
     return cwd, result
 
 
@@ -318,6 +322,25 @@ def test_short_training_run_logs_every_tag_for_every_iteration(short_run):
     assert "finished 4 iterations, 512 steps" in result.stdout
     (run_dir,) = run_dirs(cwd)
     assert_short_atari_run_logged(run_dir, batch_size=128)
+
+
+def test_off_a_terminal_progress_interval_0_prints_a_plain_progress_line_per_iteration(short_run):
+    cwd, result = short_run
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(cwd)
+    assert_progress_line_per_iteration(result.stderr, read_scalars(run_dir), batch_size=128, iterations=4)
+
+
+def test_progress_off_a_terminal_prints_the_first_line_the_last_and_one_per_interval(monkeypatch, capsys):
+    now = [0.0]
+    monkeypatch.setattr(ppo_jax.time, "monotonic", lambda: now[0])
+    progress = ppo_jax.Progress(total=1000, interval=10.0)
+    for step, seconds in zip(range(100, 1001, 100), [0, 3, 6, 9, 10, 12, 19.9, 20.5, 21, 22]):
+        now[0] = seconds
+        progress.show(step, 50, deque([1.0, 2.0]))
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split("/")[0] for line in lines] == ["100", "500", "800", "1,000"]
+    assert lines[0] == "100/1,000 steps | 50 SPS | return (last 2) 1.50 | ETA 0:00:18"
 
 
 def test_two_devices_hold_identical_parameters(short_run):
