@@ -161,3 +161,14 @@ def assert_progress_line_per_iteration(stderr: str, scalars: dict, batch_size: i
         returns = [value for game_step, value in games if game_step <= batch_size * (i + 1)][-20:]
         assert int(n) == len(returns)
         assert recent == (f"{np.mean(returns):.2f}" if returns else "-")
+
+
+def read_video(path: str) -> np.ndarray:
+    """Every frame of an mp4 file, decoded: (frames, height, width, 3) uint8."""
+    import imageio.v2 as imageio  # moviepy's own reader library
+
+    reader = imageio.get_reader(path, format="FFMPEG")
+    try:
+        return np.stack([frame for frame in reader])
+    finally:
+        reader.close()

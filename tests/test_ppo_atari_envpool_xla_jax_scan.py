@@ -9,6 +9,7 @@ import textwrap
 from collections import deque
 from functools import partial
 
+import cv2
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +17,7 @@ import optax
 import pytest
 from common import (
     REPO_ROOT, assert_corrupt_checkpoint_rejected, assert_gae_matches_reference, assert_progress_line_per_iteration,
-    assert_short_atari_run_logged, assert_user_error, read_scalars, run_dirs, run_script,
+    assert_short_atari_run_logged, assert_user_error, read_scalars, read_video, run_dirs, run_script,
 )
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
@@ -282,6 +283,48 @@ def test_compiled_rollout_equals_a_python_replay_of_its_actions_including_trunca
     assert truncated_games >= 1 and game_overs >= 1, (truncated_games, game_overs)
 
 
+def test_the_video_shadow_env_plays_the_same_game_as_the_env_it_records():
+    # The recorder's "shadow": env 0's seed and settings but full-size RGB frames, fed env 0's
+    # actions. It must play env 0's very game: the same emulator RAM, rewards, lives, episode ends
+    # and time limit at every step (sticky actions on, so the random draws must match too), and its
+    # frames, turned gray and resized to 84x84, must be what the agent saw.
+    seed, time_limit = 7, 250
+    envs = ppo_jax.make_envs("Breakout-v5", 3, 0.25, seed, max_episode_steps=time_limit)
+    shadow = ppo_jax.make_envs("Breakout-v5", 1, 0.25, seed, max_episode_steps=time_limit, rgb_frames=True)
+    obs, _ = envs.reset()
+    frame, _ = shadow.reset()
+    rng = np.random.default_rng(0)
+    lives_lost, games_ended = 0, 0
+    for _ in range(600):
+        actions = rng.integers(0, 4, 3)
+        obs, reward, terminated, truncated, info = envs.step(actions)
+        frame, shadow_reward, shadow_terminated, shadow_truncated, shadow_info = shadow.step(actions[:1])
+        assert frame.shape == (1, 3, 210, 160)
+        for key in ("ram", "lives", "reward", "terminated", "elapsed_step"):
+            np.testing.assert_array_equal(shadow_info[key][0], info[key][0], err_msg=key)
+        assert (shadow_reward[0], shadow_terminated[0], shadow_truncated[0]) == (reward[0], terminated[0], truncated[0])
+        gray = cv2.cvtColor(np.ascontiguousarray(frame[0].transpose(1, 2, 0)), cv2.COLOR_RGB2GRAY)
+        small = cv2.resize(gray, (84, 84), interpolation=cv2.INTER_AREA)
+        assert np.abs(small.astype(int) - obs[0, -1]).max() <= 1
+        lives_lost += bool(terminated[0])
+        games_ended += bool(info["terminated"][0] or truncated[0])
+    envs.close()
+    shadow.close()
+    assert lives_lost >= 5 and games_ended >= 2, (lives_lost, games_ended)
+
+
+def test_a_video_recorder_whose_env_ends_a_game_the_shadow_did_not_stops_and_says_so(tmp_path, capfd):
+    # Never a video of a different game: a shadow that lost sync (here: told a game ended after 50
+    # steps, long before any Breakout game over) writes nothing more and leaves no partial file.
+    recorder = ppo_jax.VideoRecorder(str(tmp_path), "Breakout-v5", 0, 0.0, 27_000)
+    game_over = np.zeros(50, bool)
+    game_over[-1] = True
+    recorder.add(np.zeros(50, np.int32), game_over, np.zeros(50, np.float32))
+    recorder.close()
+    assert "lost sync" in capfd.readouterr().err
+    assert os.listdir(tmp_path) == []
+
+
 def test_loaded_model_equals_saved_model(tmp_path):
     agent = ppo_jax.Agent(4)
     params = ppo_jax.init_params(agent, jax.random.key(3))
@@ -309,8 +352,8 @@ def test_patch_convolution_equals_xla_convolution():
 def short_run(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("short_run")
     result = run_script(
-        SCRIPT, *SHORT_RUN, "--save-model", "--eval-episodes", "2", "--progress-interval", "0", cwd=cwd,
-        env=TWO_HOST_DEVICES,
+        SCRIPT, *SHORT_RUN, "--save-model", "--eval-episodes", "2", "--progress-interval", "0", "--capture-video",
+        "--track", cwd=cwd, env=TWO_HOST_DEVICES,
     )
     return cwd, result
 
@@ -341,6 +384,46 @@ def test_progress_off_a_terminal_prints_the_first_line_the_last_and_one_per_inte
     lines = capsys.readouterr().err.splitlines()
     assert [line.split("/")[0] for line in lines] == ["100", "500", "800", "1,000"]
     assert lines[0] == "100/1,000 steps | 50 SPS | return (last 2) 1.50 | ETA 0:00:18"
+
+
+def recorded_games(video_folder: str) -> dict[int, np.ndarray]:
+    """{game number: its frames} of the videos in a folder; no unfinished (`.partial`) video may be left."""
+    names = sorted(os.listdir(video_folder))
+    assert names and all(re.fullmatch(r"game-\d+\.mp4", name) for name in names), names
+    return {int(name[5:-4]): read_video(os.path.join(video_folder, name)) for name in names}
+
+
+def assert_whole_rgb_games(videos: dict[int, np.ndarray], lengths: list[int]):
+    """The videos are env 0's games on the capped cubic schedule, each game whole: one full-size RGB
+    frame per played step, as many as the game's length."""
+    assert sorted(videos) == [game for game in range(len(lengths)) if game in (0, 1, 8, 27, 64, 125)]
+    for game, frames in videos.items():
+        assert frames.shape[1:] == (210, 160, 3)
+        assert (frames[..., 0] != frames[..., 2]).any(), "colour, not gray"
+        assert len(frames) == lengths[game]
+
+
+def test_capture_video_records_whole_rgb_games_of_env_0_in_training_and_evaluation(short_run):
+    cwd, result = short_run
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(cwd)
+    run_name, scalars = os.path.basename(run_dir), read_scalars(run_dir)
+    # Env i's games are logged at the global steps s with (s - 1) % num_envs == i; 2 envs here.
+    env_0_lengths = [int(length) for step, length in scalars["charts/episodic_length"] if (step - 1) % 2 == 0]
+    assert env_0_lengths, "env 0 finished a game"
+    assert_whole_rgb_games(recorded_games(str(cwd / "videos" / run_name)), env_0_lengths)
+    # The evaluation's env 0 plays game 0 of the evaluation (2 games over 2 envs).
+    eval_lengths = [int(length) for _, length in scalars["eval/episodic_length"]]
+    assert_whole_rgb_games(recorded_games(str(cwd / "videos" / f"{run_name}-eval")), eval_lengths[:1])
+
+
+def test_under_track_every_video_is_uploaded_to_wandb(short_run):
+    cwd, result = short_run
+    assert result.returncode == 0, result.stderr
+    videos = {os.path.relpath(path, cwd / "videos") for path in glob.glob(str(cwd / "videos" / "*" / "*.mp4"))}
+    (wandb_files,) = glob.glob(str(cwd / "wandb" / "offline-run-*" / "files"))
+    uploaded = {os.path.relpath(path, wandb_files) for path in glob.glob(os.path.join(wandb_files, "*", "*.mp4"))}
+    assert videos and uploaded == videos
 
 
 def test_two_devices_hold_identical_parameters(short_run):
