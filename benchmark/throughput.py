@@ -149,8 +149,8 @@ def measure_nn_jax(module, num_envs: int, num_steps: int, precision: str, repeat
     import optax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    args = module.Args(local_num_envs=num_envs, num_steps=num_steps, mixed_precision=precision)
-    args.num_devices, args.num_envs = 1, num_envs
+    args = module.Args(num_envs=num_envs, num_steps=num_steps, mixed_precision=precision)
+    args.num_devices, args.local_num_envs = 1, num_envs
     args.local_batch_size = args.batch_size = num_envs * num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     agent = module.Agent(4, jnp.bfloat16 if precision == "bf16" else jnp.float32)
@@ -217,7 +217,7 @@ def measure_real(
     iterations its TensorBoard writer had flushed by then are the measurement. `processes` > 1 runs
     the torchrun script under torchrun, each process with `num_envs` environments.
     """
-    envs_flag = "--local-num-envs" if script in (JAX_SCRIPT, TORCHRUN_SCRIPT) else "--num-envs"
+    envs_flag = "--local-num-envs" if script == TORCHRUN_SCRIPT else "--num-envs"
     total_timesteps = processes * num_envs * num_steps * (iterations if seconds is None else 10**6)
     launcher = [TORCHRUN, "--standalone", f"--nproc-per-node={processes}"] if processes > 1 else [sys.executable]
     command = [

@@ -13,7 +13,9 @@ Docs: docs/ppo_atari_envpool_xla_jax_scan.md
 import ctypes
 import hashlib
 import os
+import queue
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -47,6 +49,8 @@ class Args:
     """the wandb project name"""
     wandb_entity: str | None = None
     """the entity (team) of the wandb project"""
+    capture_video: bool = False
+    """if toggled, games 0, 1, 8, 27, ..., then every 1000th of env 0 are saved as RGB mp4 files in `videos/`"""
     save_model: bool = False
     """if toggled, the model is saved to `runs/{run_name}/{exp_name}.cleanrl_model` and evaluated"""
     eval_checkpoint: str | None = None
@@ -54,7 +58,9 @@ class Args:
     eval_episodes: int = 10
     """the number of full games played by the evaluation"""
     mixed_precision: Literal["none", "bf16"] = "none"
-    """bf16 computes the network in bfloat16; parameters, gradients, loss and optimizer stay fp32"""
+    """bf16 computes the network body in bfloat16; heads, parameters, gradients, loss and optimizer stay fp32"""
+    progress_interval: float = 30.0
+    """seconds between plain progress lines when stderr is not a terminal (log files, Slurm, nohup)"""
 
     # Environment
     env_id: str = "Breakout-v5"
@@ -69,8 +75,8 @@ class Args:
     """total environment steps (agent steps, each 4 emulator frames) of the experiment"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
-    local_num_envs: int = 8
-    """the number of parallel game environments per device"""
+    num_envs: int = 8
+    """the number of parallel game environments of the job, split evenly over its devices"""
     num_steps: int = 128
     """the number of steps run in each environment per policy rollout"""
     anneal_lr: bool = True
@@ -112,8 +118,8 @@ class Args:
     # Computed at run time (hidden from the command line: a value given there would be overwritten)
     num_devices: tyro.conf.Suppress[int] = 0
     """the number of devices of the job (all hosts)"""
-    num_envs: tyro.conf.Suppress[int] = 0
-    """the number of environments of the job (local_num_envs * num_devices)"""
+    local_num_envs: tyro.conf.Suppress[int] = 0
+    """the number of environments of each device (num_envs // num_devices)"""
     batch_size: tyro.conf.Suppress[int] = 0
     """the batch size (num_envs * num_steps)"""
     local_batch_size: tyro.conf.Suppress[int] = 0
@@ -145,7 +151,7 @@ def envpool_task(env_id: str) -> str:
 
 def make_envs(
     env_id: str, num_envs: int, repeat_action_probability: float, seed: int, max_episode_steps: int = 27_000,
-    num_threads: int | None = None, noop_max: int = 30,
+    num_threads: int | None = None, noop_max: int = 30, rgb_frames: bool = False,
 ):
     # Environment i is seeded with seed + i. Synchronous (batch_size = num_envs): each step returns
     # every environment in order, which the compiled rollout needs.
@@ -153,6 +159,12 @@ def make_envs(
     # its remaining lives; FIRE is pressed on the reset step after it; info["terminated"] marks the
     # real game over. reward_clip: the returned reward is sign(reward), info["reward"] the raw one.
     # noop_max=0 crashes envpool 1.2.5; noop_max=1 means no no-op starts.
+    # What the agent sees: a stack of the last 4 frames, 84x84 grayscale. rgb_frames: the same games
+    # (no frame setting touches the emulator or its random numbers), seen as the screen of each step
+    # in full-size RGB, (3, 210, 160): what a video shows.
+    frames = dict(img_height=84, img_width=84, gray_scale=True, stack_num=4)
+    if rgb_frames:
+        frames = dict(img_height=210, img_width=160, gray_scale=False, stack_num=1)
     return envpool.make(
         envpool_task(env_id),
         env_type="gymnasium",
@@ -165,12 +177,9 @@ def make_envs(
         noop_max=noop_max,
         frame_skip=4,
         use_fire_reset=True,
-        img_height=84,
-        img_width=84,
-        gray_scale=True,
-        stack_num=4,
         episodic_life=True,
         reward_clip=True,
+        **frames,
     )
 
 
@@ -192,6 +201,93 @@ def update_episode_statistics(stats: EpisodeStatistics, raw_reward, game_over, p
     lengths = stats.lengths + played.astype(jnp.int32)
     finished = (game_over, returns, lengths)
     return EpisodeStatistics(jnp.where(game_over, 0.0, returns), jnp.where(game_over, 0, lengths)), finished
+
+
+class VideoRecorder:
+    """Saves whole games of one environment as mp4 files of the real screen (RGB, 210x160).
+
+    The compiled rollout has only the agent's 84x84 grayscale stacks, on the device. A "shadow"
+    envpool of one environment, made with the recorded environment's seed and settings but RGB
+    frames, is fed the recorded environment's actions and so plays the identical game (envpool is
+    deterministic given its seed and the actions; tested). A background thread steps the shadow and
+    streams the frames of the scheduled games to ffmpeg, so the training loop only hands over the
+    actions of each rollout. Kept: games 0, 1, 8, 27, ..., 729, then every 1000th (gymnasium's capped
+    cubic schedule), at most `max_games`; each game is written as `game-{n}.partial.mp4` and renamed
+    `game-{n}.mp4` when it ends, and the game still running at close() is discarded.
+    """
+
+    def __init__(
+        self, folder: str, env_id: str, seed: int, repeat_action_probability: float, max_episode_steps: int,
+        max_games: int | None = None, upload: bool = False, fps: int = 30,
+    ):
+        from gymnasium.utils.save_video import capped_cubic_video_schedule  # imported here: only videos need it
+
+        os.makedirs(folder, exist_ok=True)
+        self.env = make_envs(
+            env_id, 1, repeat_action_probability, seed, max_episode_steps, num_threads=1, rgb_frames=True
+        )
+        self.scheduled = lambda game: capped_cubic_video_schedule(game) and (max_games is None or game < max_games)
+        self.folder, self.upload, self.fps = folder, upload, fps
+        self.rollouts, self.in_sync, self.error = queue.Queue(), True, None
+        self.thread = threading.Thread(target=self._record, daemon=True)
+        self.thread.start()
+
+    def add(self, actions, game_over, episodic_returns):
+        """One rollout of the recorded environment, each (num_steps,): the actions it played, and where
+        its games ended with which score, which the shadow's games must match."""
+        if self.in_sync:
+            self.rollouts.put((np.asarray(actions), np.asarray(game_over), np.asarray(episodic_returns)))
+
+    def close(self):
+        """Returns once the video of every finished game is written."""
+        self.rollouts.put(None)
+        self.thread.join()
+        self.env.close()
+        if self.error is not None:
+            raise self.error
+
+    def _record(self):
+        try:
+            self._replay()
+        except Exception as e:  # re-raised by close(), in the main thread
+            self.error = e
+
+    def _replay(self):
+        from moviepy.video.io.ffmpeg_writer import FFMPEG_VideoWriter
+
+        self.env.reset()
+        game, score, reset_next, video = 0, 0.0, False, None
+        path = lambda game, suffix="": os.path.join(self.folder, f"game-{game}{suffix}.mp4")
+        while (rollout := self.rollouts.get()) is not None:
+            for action, game_over, episodic_return in zip(*rollout):
+                frame, _, terminated, truncated, info = self.env.step(np.array([action]))
+                played = not reset_next  # the step after an episode's end is a reset step: no frame of its own
+                reset_next = bool(terminated[0] or truncated[0])
+                score += float(info["reward"][0])
+                shadow_game_over = bool(info["terminated"][0] or truncated[0])
+                if shadow_game_over != game_over or (game_over and not np.isclose(score, episodic_return)):
+                    print(f"warning: the video of env 0 lost sync in game {game}; no more videos", file=sys.stderr)
+                    self.in_sync = False
+                    break
+                if played and self.scheduled(game):
+                    if video is None:
+                        video = FFMPEG_VideoWriter(path(game, ".partial"), (160, 210), self.fps, threads=1)
+                    video.write_frame(frame[0].transpose(1, 2, 0))
+                if game_over:
+                    if video is not None:
+                        video.close()
+                        os.replace(path(game, ".partial"), path(game))
+                        video = None
+                        if self.upload:
+                            import wandb
+
+                            wandb.save(path(game), base_path=os.path.dirname(self.folder), policy="now")
+                    game, score = game + 1, 0.0
+            if not self.in_sync:
+                break
+        if video is not None:  # a game cut by the end of the run
+            video.close()
+            os.remove(path(game, ".partial"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,27 +348,32 @@ class Agent(nn.Module):
             nn.Dense(512, dtype=self.dtype, **layer_init()),
             nn.relu,
         ])
-        self.actor = nn.Dense(self.num_actions, dtype=self.dtype, **layer_init(0.01))
-        self.critic = nn.Dense(1, dtype=self.dtype, **layer_init(1.0))
+        self.actor = nn.Dense(self.num_actions, dtype=jnp.float32, **layer_init(0.01))
+        self.critic = nn.Dense(1, dtype=jnp.float32, **layer_init(1.0))
 
     def hidden(self, obs):
         # obs: (batch, 4, 84, 84) uint8 from envpool; flax convolutions are channels-last.
         x = jnp.transpose(obs, (0, 2, 3, 1)).astype(self.dtype) / 255.0
         return self.network(x)
 
+    def heads(self, hidden):
+        # The two heads compute in fp32 even under bf16: values and log-probabilities feed GAE, value
+        # clipping and the probability ratio, where bf16's 3 significant digits would show; the two
+        # small layers cost nothing. Returns (logits, value).
+        hidden = hidden.astype(jnp.float32)
+        return self.actor(hidden), self.critic(hidden)[:, 0]
+
     def get_value(self, obs):
-        # fp32 out: under bf16 the heads compute in bf16, the losses must not.
-        return self.critic(self.hidden(obs))[:, 0].astype(jnp.float32)
+        return self.heads(self.hidden(obs))[1]
 
     def get_action_and_value(self, obs, key=None, action=None):
-        hidden = self.hidden(obs)
-        logits = self.actor(hidden).astype(jnp.float32)
+        logits, value = self.heads(self.hidden(obs))
         if action is None:
             action = jax.random.categorical(key, logits)  # Gumbel-max sampling
         logprobs = jax.nn.log_softmax(logits)
         logprob = jnp.take_along_axis(logprobs, action[:, None], axis=1)[:, 0]
         entropy = -(jnp.exp(logprobs) * logprobs).sum(-1)
-        return action, logprob, entropy, self.critic(hidden)[:, 0].astype(jnp.float32)
+        return action, logprob, entropy, value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -547,50 +648,65 @@ def load_model(path: str) -> tuple[int, Any, dict]:
 
 def evaluate(
     agent: Agent, params, env_id: str, eval_episodes: int, seed: int = 0, repeat_action_probability: float = 0.0,
-    max_episode_steps: int = 27_000, num_steps: int = 128,
-) -> list[float]:
-    """Plays `eval_episodes` full games (all lives, unclipped score) with the sampled policy.
+    max_episode_steps: int = 27_000, num_steps: int = 128, video_folder: str | None = None, upload: bool = False,
+) -> tuple[list[float], list[int]]:
+    """Plays `eval_episodes` full games (all lives, unclipped score) with the sampled policy;
+    returns their scores and lengths, env by env (env 0's games first).
 
     The games run in the training rollout, compiled, on the training environment (episodic life:
     envpool presses FIRE after each lost life, which an agent trained on it may never have learned).
+    With `video_folder`, env 0's games are recorded there (and uploaded to wandb with `upload`).
     """
     num_envs = min(8, eval_episodes)
     # Each env plays a fixed quota of games: keeping only the first games to finish would favour
     # short (bad) games.
     quota = [eval_episodes // num_envs + (i < eval_episodes % num_envs) for i in range(num_envs)]
     envs = make_envs(env_id, num_envs, repeat_action_probability, seed, max_episode_steps)
+    recorder = None
+    if video_folder is not None:
+        recorder = VideoRecorder(
+            video_folder, env_id, seed, repeat_action_probability, max_episode_steps, max_games=quota[0], upload=upload
+        )
     handle, _, _, env_step = envs.xla()
     obs, _ = envs.reset()
     episode = EpisodeStatistics(np.zeros(num_envs, np.float32), np.zeros(num_envs, np.int32))
     env_state = EnvState(handle, obs, np.zeros(num_envs, bool), episode)
     play = jax.jit(partial(rollout, agent, env_step, num_steps=num_steps))
-    returns = [[] for _ in range(num_envs)]
+    games = [[] for _ in range(num_envs)]  # (return, length) of each env's games
     key = jax.random.fold_in(jax.random.key(seed), 1)  # not the stream training started from
-    while any(len(r) < q for r, q in zip(returns, quota)):
+    while any(len(g) < q for g, q in zip(games, quota)):
         key, rollout_key = jax.random.split(key)
-        env_state, transitions, _ = play(params, env_state, rollout_key)
-        game_over, episodic_returns = np.asarray(transitions.game_over), np.asarray(transitions.episodic_returns)
+        env_state, t, _ = play(params, env_state, rollout_key)
+        game_over, episodic_returns, episodic_lengths = (
+            np.asarray(x) for x in (t.game_over, t.episodic_returns, t.episodic_lengths)
+        )
+        if recorder is not None:
+            recorder.add(t.actions[:, 0], game_over[:, 0], episodic_returns[:, 0])
         for step, i in zip(*np.nonzero(game_over)):
-            if len(returns[i]) < quota[i]:
-                returns[i].append(float(episodic_returns[step, i]))
+            if len(games[i]) < quota[i]:
+                games[i].append((float(episodic_returns[step, i]), int(episodic_lengths[step, i])))
     envs.close()
-    return [r for env_returns in returns for r in env_returns]
+    if recorder is not None:
+        recorder.close()
+    games = [game for env_games in games for game in env_games]
+    return [r for r, _ in games], [length for _, length in games]
 
 
-def run_evaluation(args: Args, writer: SummaryWriter | None, agent: Agent | None = None, params=None):
+def run_evaluation(args: Args, writer: SummaryWriter, run_name: str, agent: Agent | None = None, params=None):
     if params is None:
         num_actions, params, saved_args = load_model(args.eval_checkpoint)
         env_id = saved_args["env_id"]
         agent = Agent(num_actions, jnp.bfloat16 if args.mixed_precision == "bf16" else jnp.float32)
     else:
         env_id = args.env_id
-    returns = evaluate(
-        agent, params, env_id, args.eval_episodes, args.seed, args.repeat_action_probability, args.max_episode_steps
+    returns, lengths = evaluate(
+        agent, params, env_id, args.eval_episodes, args.seed, args.repeat_action_probability, args.max_episode_steps,
+        video_folder=f"videos/{run_name}-eval" if args.capture_video else None, upload=args.track,
     )
-    for i, episodic_return in enumerate(returns):
+    for i, (episodic_return, length) in enumerate(zip(returns, lengths)):
         print(f"eval_episode={i}, episodic_return={episodic_return}")
-        if writer is not None:
-            writer.add_scalar("eval/episodic_return", episodic_return, i)
+        writer.add_scalar("eval/episodic_return", episodic_return, i)
+        writer.add_scalar("eval/episodic_length", length, i)
     print(f"eval: mean return {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} games")
     return returns
 
@@ -598,18 +714,27 @@ def run_evaluation(args: Args, writer: SummaryWriter | None, agent: Agent | None
 # ---------------------------------------------------------------------------------------------
 # Progress display
 # ---------------------------------------------------------------------------------------------
-def show_progress(global_step: int, total: int, sps: int, recent_returns: deque):
-    if not sys.stderr.isatty():
-        return
-    recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "-"
-    eta = (total - global_step) / max(sps, 1)
-    print(
-        f"\r{global_step:,}/{total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
-        f" | ETA {int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}   ",
-        end="",
-        file=sys.stderr,
-        flush=True,
-    )
+class Progress:
+    """The progress line on stderr: rewritten in place on a terminal; off one (a log file, Slurm,
+    nohup), where nobody sees a rewritten line, a plain line at most every `interval` seconds, and
+    always the first and the last one."""
+
+    def __init__(self, total: int, interval: float):
+        self.total, self.interval, self.printed_at = total, interval, None
+
+    def show(self, global_step: int, sps: int, recent_returns: deque):
+        recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
+        eta = (self.total - global_step) / max(sps, 1)
+        line = (
+            f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
+            f" | ETA {int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}"
+        )
+        last = global_step >= self.total
+        if sys.stderr.isatty():
+            print(f"\r{line}   ", end="\n" if last else "", file=sys.stderr, flush=True)
+        elif self.printed_at is None or last or time.monotonic() - self.printed_at >= self.interval:
+            print(line, file=sys.stderr, flush=True)
+            self.printed_at = time.monotonic()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -641,20 +766,23 @@ def main(args: Args):
             args.process_id if args.process_id is not None else env_int("JAX_PROCESS_ID"),
         )
 
-    if min(args.local_num_envs, args.num_steps, args.num_minibatches, args.update_epochs, args.max_episode_steps) < 1:
-        fail(
-            "--local-num-envs, --num-steps, --num-minibatches, --update-epochs and --max-episode-steps must be positive"
-        )
+    if min(args.num_envs, args.num_steps, args.num_minibatches, args.update_epochs, args.max_episode_steps) < 1:
+        fail("--num-envs, --num-steps, --num-minibatches, --update-epochs and --max-episode-steps must be positive")
     if args.eval_episodes < 1:
         fail("--eval-episodes must be positive")
     args.num_devices = jax.device_count()
-    args.num_envs = args.local_num_envs * args.num_devices
+    if args.num_envs % args.num_devices != 0:
+        fail(
+            f"--num-envs {args.num_envs} does not split evenly over {args.num_devices} devices;"
+            f" use a multiple of {args.num_devices}"
+        )
+    args.local_num_envs = args.num_envs // args.num_devices
     args.local_batch_size = args.local_num_envs * args.num_steps
     args.batch_size = args.local_batch_size * args.num_devices
     if args.local_batch_size % args.num_minibatches != 0:
         fail(
-            f"local_num_envs * num_steps = {args.local_batch_size} is not divisible by"
-            f" num_minibatches = {args.num_minibatches}"
+            f"each device's batch, num_envs / devices * num_steps = {args.local_batch_size}, is not divisible by"
+            f" --num-minibatches {args.num_minibatches}"
         )
     args.minibatch_size = args.batch_size // args.num_minibatches
     if args.norm_adv and args.minibatch_size < 2:
@@ -691,7 +819,7 @@ def main(args: Args):
 
     if args.eval_checkpoint is not None:
         if is_main:
-            run_evaluation(args, writer)
+            run_evaluation(args, writer, run_name)
             writer.close()
         return
 
@@ -724,6 +852,13 @@ def main(args: Args):
         env_states.append(jax.device_put(EnvState(handle, obs, np.zeros(n, bool), episode), device))
         env_steps.append(env_step)
     num_actions = int(envs[0].single_action_space.n)
+    recorder = None
+    if args.capture_video and is_main:
+        # The first env of this process's first device: env 0 of the job on process 0.
+        recorder = VideoRecorder(
+            f"videos/{run_name}", args.env_id, args.seed + device_index[local_devices[0]] * args.local_num_envs,
+            args.repeat_action_probability, args.max_episode_steps, upload=args.track,
+        )
 
     key = jax.random.key(args.seed)
     key, init_key = jax.random.split(key)
@@ -770,6 +905,7 @@ def main(args: Args):
     start_time = time.time()
     recent_returns = deque(maxlen=20)
     sps = 0
+    progress = Progress(args.num_iterations * args.batch_size, args.progress_interval)
     for iteration in range(1, args.num_iterations + 1):
         learning_rate = args.learning_rate
         if args.anneal_lr:
@@ -810,6 +946,9 @@ def main(args: Args):
             if is_main:
                 writer.add_scalar("charts/episodic_return", episodic_returns[step, i], game_step)
                 writer.add_scalar("charts/episodic_length", episodic_lengths[step, i], game_step)
+        if recorder is not None:
+            recorded = outputs[0][1]  # the transitions of this process's first device
+            recorder.add(recorded.actions[:, 0], recorded.game_over[:, 0], recorded.episodic_returns[:, 0])
         global_step += args.batch_size
 
         sps = int(global_step / (time.time() - start_time))
@@ -823,10 +962,8 @@ def main(args: Args):
             writer.add_scalar("losses/clipfrac", clipfrac, global_step)
             writer.add_scalar("losses/explained_variance", host(explained_var), global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
-            show_progress(global_step, args.num_iterations * args.batch_size, sps, recent_returns)
+            progress.show(global_step, sps, recent_returns)
 
-    if is_main and sys.stderr.isatty():
-        print(file=sys.stderr)
     # Every device must hold the same parameters: the same gradient is applied everywhere.
     as_bytes = lambda params: b"".join(np.asarray(leaf).tobytes() for leaf in jax.tree.leaves(params))
     digests = [hashlib.sha256(as_bytes(on_device(train_state.params, d))).hexdigest()[:16] for d in local_devices]
@@ -839,13 +976,15 @@ def main(args: Args):
         )
     for env in envs:
         env.close()
+    if recorder is not None:
+        recorder.close()
 
     if args.save_model and is_main:
         model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
         params = on_device(train_state.params, local_devices[0])
         save_model(model_path, params, args, num_actions)
         print(f"model saved to {model_path}")
-        run_evaluation(args, writer, agent, params)
+        run_evaluation(args, writer, run_name, agent, params)
     if is_main:
         writer.close()
 

@@ -519,3 +519,20 @@ def assert_rollout_dones_and_rewards(module, monkeypatch, run_main, args):
         life_losses += life_lost.sum()
         truncations += (truncated & ~terminated).sum()
     assert life_losses > 0 and truncations > 0, (life_losses, truncations)
+
+
+def assert_progress_line_per_iteration(stderr: str, scalars: dict, batch_size: int, iterations: int):
+    """A run with `--progress-interval 0` off a terminal printed one plain progress line per
+    iteration, at the end of each, with the mean of the last (up to 20) returns logged by then."""
+    lines = [line for line in stderr.splitlines() if " steps | " in line]
+    assert len(lines) == iterations, stderr
+    games = scalars.get("charts/episodic_return", [])
+    for i, line in enumerate(lines):
+        match = PROGRESS_LINE.match(line)
+        assert match, line
+        step, total, _, n, recent = match.groups()[:5]
+        assert int(step.replace(",", "")) == batch_size * (i + 1)
+        assert int(total.replace(",", "")) == batch_size * iterations
+        returns = [value for game_step, value in games if game_step <= batch_size * (i + 1)][-20:]
+        assert int(n) == len(returns)
+        assert recent == (f"{np.mean(returns):.2f}" if returns else "-")

@@ -6,16 +6,18 @@ import re
 import subprocess
 import sys
 import textwrap
+from collections import deque
 from functools import partial
 
+import cv2
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 from common import (
-    REPO_ROOT, assert_corrupt_checkpoint_rejected, assert_gae_matches_reference, assert_short_atari_run_logged,
-    assert_user_error, read_scalars, run_dirs, run_script,
+    REPO_ROOT, assert_corrupt_checkpoint_rejected, assert_gae_matches_reference, assert_progress_line_per_iteration,
+    assert_short_atari_run_logged, assert_user_error, mp4_frames, read_scalars, run_dirs, run_script,
 )
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
@@ -26,13 +28,13 @@ SCRIPT = "ppo_atari_envpool_xla_jax_scan.py"
 TWO_HOST_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
 # The short run, on two host devices with one env each: 2 envs x 64 steps, 4 iterations. Random
 # play finishes a few Breakout games in it.
-SHORT_RUN = ["--local-num-envs", "1", "--num-steps", "64", "--total-timesteps", "512"]
+SHORT_RUN = ["--num-envs", "2", "--num-steps", "64", "--total-timesteps", "512"]
 
 
 def small_args(**overrides) -> ppo_jax.Args:
     """The Args main would compute for one device and a tiny batch."""
-    args = ppo_jax.Args(**{**dict(local_num_envs=2, num_steps=8, num_minibatches=2, update_epochs=2), **overrides})
-    args.num_devices, args.num_envs = 1, args.local_num_envs
+    args = ppo_jax.Args(**{**dict(num_envs=2, num_steps=8, num_minibatches=2, update_epochs=2), **overrides})
+    args.num_devices, args.local_num_envs = 1, args.num_envs
     args.local_batch_size = args.batch_size = args.local_num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     return args
@@ -200,6 +202,25 @@ def test_data_parallel_gradient_equals_the_single_device_gradient():
     assert result.returncode == 0 and "same step" in result.stdout, result.stderr[-3000:]
 
 
+def test_bf16_leaves_the_heads_in_fp32():
+    # Values and log-probabilities feed GAE and the ratio: under bf16 they must still be the fp32
+    # heads applied to the (bf16) hidden features, not bf16-rounded numbers (as in the torch scripts).
+    agent = ppo_jax.Agent(4, jnp.bfloat16)
+    params = ppo_jax.init_params(agent, jax.random.key(0))
+    rng = np.random.default_rng(0)
+    obs = jnp.asarray(rng.integers(0, 256, (16, 4, 84, 84), dtype=np.uint8))
+    action = jnp.asarray(rng.integers(0, 4, 16), jnp.int32)
+    hidden = agent.apply(params, obs, method=ppo_jax.Agent.hidden)
+    _, logprob, _, value = agent.apply(params, obs, action=action, method=ppo_jax.Agent.get_action_and_value)
+    assert hidden.dtype == jnp.bfloat16 and value.dtype == logprob.dtype == jnp.float32
+    fp64 = lambda x: np.asarray(x, np.float64)
+    dense = lambda head: fp64(hidden) @ fp64(params["params"][head]["kernel"]) + fp64(params["params"][head]["bias"])
+    logits = dense("actor")
+    expected_logprob = (logits - np.log(np.exp(logits).sum(1, keepdims=True)))[np.arange(16), np.asarray(action)]
+    np.testing.assert_allclose(value, dense("critic")[:, 0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(logprob, expected_logprob, rtol=1e-6, atol=1e-6)
+
+
 # --- Environment ids --------------------------------------------------------------------------
 @pytest.mark.parametrize("env_id", ["Breakout-v5", "ALE/Breakout-v5", "BreakoutNoFrameskip-v4"])
 def test_env_id_styles_name_the_same_envpool_task(env_id):
@@ -262,6 +283,48 @@ def test_compiled_rollout_equals_a_python_replay_of_its_actions_including_trunca
     assert truncated_games >= 1 and game_overs >= 1, (truncated_games, game_overs)
 
 
+def test_the_video_shadow_env_plays_the_same_game_as_the_env_it_records():
+    # The recorder's "shadow": env 0's seed and settings but full-size RGB frames, fed env 0's
+    # actions. It must play env 0's very game: the same emulator RAM, rewards, lives, episode ends
+    # and time limit at every step (sticky actions on, so the random draws must match too), and its
+    # frames, turned gray and resized to 84x84, must be what the agent saw.
+    seed, time_limit = 7, 250
+    envs = ppo_jax.make_envs("Breakout-v5", 3, 0.25, seed, max_episode_steps=time_limit)
+    shadow = ppo_jax.make_envs("Breakout-v5", 1, 0.25, seed, max_episode_steps=time_limit, rgb_frames=True)
+    obs, _ = envs.reset()
+    frame, _ = shadow.reset()
+    rng = np.random.default_rng(0)
+    lives_lost, games_ended = 0, 0
+    for _ in range(600):
+        actions = rng.integers(0, 4, 3)
+        obs, reward, terminated, truncated, info = envs.step(actions)
+        frame, shadow_reward, shadow_terminated, shadow_truncated, shadow_info = shadow.step(actions[:1])
+        assert frame.shape == (1, 3, 210, 160)
+        for key in ("ram", "lives", "reward", "terminated", "elapsed_step"):
+            np.testing.assert_array_equal(shadow_info[key][0], info[key][0], err_msg=key)
+        assert (shadow_reward[0], shadow_terminated[0], shadow_truncated[0]) == (reward[0], terminated[0], truncated[0])
+        gray = cv2.cvtColor(np.ascontiguousarray(frame[0].transpose(1, 2, 0)), cv2.COLOR_RGB2GRAY)
+        small = cv2.resize(gray, (84, 84), interpolation=cv2.INTER_AREA)
+        assert np.abs(small.astype(int) - obs[0, -1]).max() <= 1
+        lives_lost += bool(terminated[0])
+        games_ended += bool(info["terminated"][0] or truncated[0])
+    envs.close()
+    shadow.close()
+    assert lives_lost >= 5 and games_ended >= 2, (lives_lost, games_ended)
+
+
+def test_a_video_recorder_whose_env_ends_a_game_the_shadow_did_not_stops_and_says_so(tmp_path, capfd):
+    # Never a video of a different game: a shadow that lost sync (here: told a game ended after 50
+    # steps, long before any Breakout game over) writes nothing more and leaves no partial file.
+    recorder = ppo_jax.VideoRecorder(str(tmp_path), "Breakout-v5", 0, 0.0, 27_000)
+    game_over = np.zeros(50, bool)
+    game_over[-1] = True
+    recorder.add(np.zeros(50, np.int32), game_over, np.zeros(50, np.float32))
+    recorder.close()
+    assert "lost sync" in capfd.readouterr().err
+    assert os.listdir(tmp_path) == []
+
+
 def test_loaded_model_equals_saved_model(tmp_path):
     agent = ppo_jax.Agent(4)
     params = ppo_jax.init_params(agent, jax.random.key(3))
@@ -288,7 +351,10 @@ def test_patch_convolution_equals_xla_convolution():
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("short_run")
-    result = run_script(SCRIPT, *SHORT_RUN, "--save-model", "--eval-episodes", "2", cwd=cwd, env=TWO_HOST_DEVICES)
+    result = run_script(
+        SCRIPT, *SHORT_RUN, "--save-model", "--eval-episodes", "2", "--progress-interval", "0", "--capture-video",
+        "--track", cwd=cwd, env=TWO_HOST_DEVICES,
+    )
     return cwd, result
 
 
@@ -299,6 +365,65 @@ def test_short_training_run_logs_every_tag_for_every_iteration(short_run):
     assert "finished 4 iterations, 512 steps" in result.stdout
     (run_dir,) = run_dirs(cwd)
     assert_short_atari_run_logged(run_dir, batch_size=128)
+
+
+def test_off_a_terminal_progress_interval_0_prints_a_plain_progress_line_per_iteration(short_run):
+    cwd, result = short_run
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(cwd)
+    assert_progress_line_per_iteration(result.stderr, read_scalars(run_dir), batch_size=128, iterations=4)
+
+
+def test_progress_off_a_terminal_prints_the_first_line_the_last_and_one_per_interval(monkeypatch, capsys):
+    now = [0.0]
+    monkeypatch.setattr(ppo_jax.time, "monotonic", lambda: now[0])
+    progress = ppo_jax.Progress(total=1000, interval=10.0)
+    for step, seconds in zip(range(100, 1001, 100), [0, 3, 6, 9, 10, 12, 19.9, 20.5, 21, 22]):
+        now[0] = seconds
+        progress.show(step, 50, deque([1.0, 2.0]))
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split("/")[0] for line in lines] == ["100", "500", "800", "1,000"]
+    assert lines[0] == "100/1,000 steps | 50 SPS | return (last 2) 1.50 | ETA 0:00:18"
+
+
+def recorded_games(video_folder: str) -> dict[int, np.ndarray]:
+    """{game number: its frames} of the videos in a folder; no unfinished (`.partial`) video may be left."""
+    names = sorted(os.listdir(video_folder))
+    assert names and all(re.fullmatch(r"game-\d+\.mp4", name) for name in names), names
+    return {int(name[5:-4]): mp4_frames(os.path.join(video_folder, name)) for name in names}
+
+
+def assert_whole_rgb_games(videos: dict[int, np.ndarray], lengths: list[int]):
+    """The videos are env 0's games on the capped cubic schedule, each game whole: one full-size RGB
+    frame per played step, as many as the game's length."""
+    assert sorted(videos) == [game for game in range(len(lengths)) if game in (0, 1, 8, 27, 64, 125)]
+    for game, frames in videos.items():
+        assert frames.shape[1:] == (210, 160, 3)
+        assert (frames[..., 0] != frames[..., 2]).any(), "colour, not gray"
+        assert len(frames) == lengths[game]
+
+
+def test_capture_video_records_whole_rgb_games_of_env_0_in_training_and_evaluation(short_run):
+    cwd, result = short_run
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(cwd)
+    run_name, scalars = os.path.basename(run_dir), read_scalars(run_dir)
+    # Env i's games are logged at the global steps s with (s - 1) % num_envs == i; 2 envs here.
+    env_0_lengths = [int(length) for step, length in scalars["charts/episodic_length"] if (step - 1) % 2 == 0]
+    assert env_0_lengths, "env 0 finished a game"
+    assert_whole_rgb_games(recorded_games(str(cwd / "videos" / run_name)), env_0_lengths)
+    # The evaluation's env 0 plays game 0 of the evaluation (2 games over 2 envs).
+    eval_lengths = [int(length) for _, length in scalars["eval/episodic_length"]]
+    assert_whole_rgb_games(recorded_games(str(cwd / "videos" / f"{run_name}-eval")), eval_lengths[:1])
+
+
+def test_under_track_every_video_is_uploaded_to_wandb(short_run):
+    cwd, result = short_run
+    assert result.returncode == 0, result.stderr
+    videos = {os.path.relpath(path, cwd / "videos") for path in glob.glob(str(cwd / "videos" / "*" / "*.mp4"))}
+    (wandb_files,) = glob.glob(str(cwd / "wandb" / "offline-run-*" / "files"))
+    uploaded = {os.path.relpath(path, wandb_files) for path in glob.glob(os.path.join(wandb_files, "*", "*.mp4"))}
+    assert videos and uploaded == videos
 
 
 def test_two_devices_hold_identical_parameters(short_run):
@@ -322,7 +447,7 @@ def test_save_then_evaluate_round_trip(short_run):
 
 def test_bf16_training_run_gives_finite_losses(tmp_path):
     result = run_script(
-        SCRIPT, "--local-num-envs", "2", "--num-steps", "32", "--total-timesteps", "128",
+        SCRIPT, "--num-envs", "2", "--num-steps", "32", "--total-timesteps", "128",
         "--mixed-precision", "bf16", cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
@@ -336,7 +461,7 @@ def test_bf16_training_run_gives_finite_losses(tmp_path):
     "args, message",
     [
         (["--env-id", "NoSuchGame-v5"], "unknown Atari env id"),
-        (["--local-num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], "not divisible"),
+        (["--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], "not divisible"),
         (["--total-timesteps", "100"], "smaller than one batch"),
         (["--num-steps", "0"], "must be positive"),
         (["--eval-episodes", "0"], "must be positive"),
@@ -345,6 +470,31 @@ def test_bf16_training_run_gives_finite_losses(tmp_path):
 )
 def test_bad_input_is_a_one_line_error(tmp_path, args, message):
     assert_user_error(run_script(SCRIPT, *args, cwd=tmp_path), message)
+
+
+def test_num_envs_that_does_not_split_over_the_devices_is_a_one_line_error(tmp_path):
+    result = run_script(SCRIPT, "--num-envs", "3", cwd=tmp_path, env=TWO_HOST_DEVICES)
+    assert_user_error(result, "--num-envs 3 does not split evenly over 2 devices", "multiple of 2")
+
+
+# CleanRL's own command lines for its ppo_atari_envpool_xla_jax_scan.py (its docs and benchmark
+# scripts), with the budget cut down to two iterations.
+CLEANRL_INVOCATIONS = [
+    ["--env-id", "Breakout-v5", "--total-timesteps", "256", "--num-envs", "8", "--num-steps", "16", "--seed", "1"],
+    ["--env-id", "Pong-v5", "--track", "--total-timesteps", "128", "--num-envs", "4", "--num-steps", "16"],
+]
+
+
+@pytest.mark.parametrize("invocation", CLEANRL_INVOCATIONS, ids=["breakout-num-envs-8", "pong-track"])
+def test_cleanrl_command_lines_run_with_num_envs_as_the_total_over_devices(tmp_path, invocation):
+    result = run_script(SCRIPT, *invocation, cwd=tmp_path, env=TWO_HOST_DEVICES)
+    assert result.returncode == 0, result.stderr
+    num_envs = int(invocation[invocation.index("--num-envs") + 1])
+    batch = num_envs * 16
+    assert f"on 1 process(es): {num_envs} envs ({num_envs // 2} per device), batch {batch}," in result.stdout
+    assert f"finished 2 iterations, {2 * batch} steps" in result.stdout
+    (run_dir,) = run_dirs(tmp_path)
+    assert [step for step, _ in read_scalars(run_dir)["charts/SPS"]] == [batch, 2 * batch]
 
 
 def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):
