@@ -558,7 +558,7 @@ def test_a_job_killed_after_a_checkpoint_resumes_its_run_when_batch_runs_it_agai
     second = subprocess.run([sys.executable, os.path.join(CLOUD, "entrypoint.py"), *command], cwd=cwd, env=env,
                             capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stdout + second.stderr
-    resumed = re.search(r"resuming (\S+) from (\S+) \(iteration (\d+)\)", second.stdout)
+    resumed = re.search(r"resuming (\S+) from (\S+): iteration (\d+)", second.stdout)
     assert resumed and resumed[1] == os.path.basename(run_dir), second.stdout
     assert 2 <= int(resumed[3]) < 12
     assert re.search(r"^finished\b.*\b384 steps", second.stdout, re.MULTILINE), second.stdout
