@@ -536,3 +536,16 @@ def assert_progress_line_per_iteration(stderr: str, scalars: dict, batch_size: i
         returns = [value for game_step, value in games if game_step <= batch_size * (i + 1)][-20:]
         assert int(n) == len(returns)
         assert recent == (f"{np.mean(returns):.2f}" if returns else "-")
+
+
+def assert_episodes_0_1_8_recorded_and_uploaded(run_folder):
+    """A --capture-video --track run of a gymnasium-env script (RecordVideo's capped cubic
+    schedule) recorded env 0's episodes 0, 1 and 8, not 2, and the same files reached the offline
+    wandb run."""
+    paths = glob.glob(os.path.join(str(run_folder), "videos", "*", "*.mp4"))
+    videos = sorted(os.path.basename(v) for v in paths)
+    assert videos[:3] == ["rl-video-episode-0.mp4", "rl-video-episode-1.mp4", "rl-video-episode-8.mp4"]
+    assert "rl-video-episode-2.mp4" not in videos
+    assert all(os.path.getsize(v) > 1000 for v in paths)
+    uploaded = glob.glob(os.path.join(str(run_folder), "wandb", "offline-run-*", "files", "videos", "*", "*.mp4"))
+    assert sorted(os.path.basename(v) for v in uploaded) == videos

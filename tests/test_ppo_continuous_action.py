@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 from common import (
-    PPO_TAGS, assert_gae_matches_reference, assert_main_fails_with, assert_progress_follows_the_convention,
-    assert_user_error, eval_returns, mujoco_offscreen_rendering_error, progress_steps, read_scalars,
+    PPO_TAGS, assert_episodes_0_1_8_recorded_and_uploaded, assert_gae_matches_reference, assert_main_fails_with,
+    assert_progress_follows_the_convention, assert_user_error, eval_returns, mujoco_offscreen_rendering_error, progress_steps, read_scalars,
     recording_make_envs, run_dirs, run_script,
 )
 
@@ -308,12 +308,7 @@ def test_track_creates_a_wandb_run(tracked_run):
     reason=f"MuJoCo cannot render offscreen here: {mujoco_offscreen_rendering_error()}",
 )
 def test_capture_video_records_episodes_0_1_8_of_env_0_and_uploads_them(tracked_run):
-    videos = sorted(os.path.basename(v) for v in glob.glob(str(tracked_run / "videos" / "*" / "*.mp4")))
-    assert videos[:3] == ["rl-video-episode-0.mp4", "rl-video-episode-1.mp4", "rl-video-episode-8.mp4"]
-    assert "rl-video-episode-2.mp4" not in videos
-    assert all(os.path.getsize(v) > 1000 for v in glob.glob(str(tracked_run / "videos" / "*" / "*.mp4")))
-    uploaded = glob.glob(str(tracked_run / "wandb" / "offline-run-*" / "files" / "videos" / "*" / "*.mp4"))
-    assert sorted(os.path.basename(v) for v in uploaded) == videos
+    assert_episodes_0_1_8_recorded_and_uploaded(tracked_run)
 
 
 def test_progress_line_follows_the_convention_on_and_off_a_terminal(monkeypatch):
