@@ -165,10 +165,15 @@ def assert_progress_line_per_iteration(stderr: str, scalars: dict, batch_size: i
 
 def read_video(path: str) -> np.ndarray:
     """Every frame of an mp4 file, decoded: (frames, height, width, 3) uint8."""
+    import warnings
+
     import imageio.v2 as imageio  # moviepy's own reader library
 
-    reader = imageio.get_reader(path, format="FFMPEG")
-    try:
-        return np.stack([frame for frame in reader])
-    finally:
-        reader.close()
+    with warnings.catch_warnings():
+        # imageio starts ffmpeg by fork + exec; JAX's at-fork warning is about children that keep running Python.
+        warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
+        reader = imageio.get_reader(path, format="FFMPEG")
+        try:
+            return np.stack([frame for frame in reader])
+        finally:
+            reader.close()
