@@ -58,10 +58,7 @@ def in_fresh_process(function, *args):
 
 
 def load_script(script: str):
-    module = importlib.import_module(f"cleanrl.{script}")
-    if script == JAX_SCRIPT:
-        module.keep_freed_memory()  # the allocator setting the script makes first thing
-    return module
+    return importlib.import_module(f"cleanrl.{script}")
 
 
 def measure_env(script: str, env_id: str, num_envs: int, num_steps: int) -> float:
@@ -142,8 +139,7 @@ def measure_nn_torch(module, num_envs: int, num_steps: int, precision: str, repe
 
 def measure_nn_jax(module, num_envs: int, num_steps: int, precision: str, repeats: int = 2) -> float:
     """The same for the JAX script, with its own functions: the forwards as one compiled scan, the
-    update as the script runs it on this backend (minibatch steps from Python on CPU, one compiled
-    program elsewhere), on one device."""
+    update as the script runs it (one compiled program), on one device."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -183,18 +179,8 @@ def measure_nn_jax(module, num_envs: int, num_steps: int, precision: str, repeat
         jax.shard_map(f, mesh=mesh, in_specs=(PartitionSpec(),) * num_inputs, out_specs=PartitionSpec(),
                       check_vma=False)
     )
-    update_args = dict(agent=agent, tx=tx, args=args, axis_name="devices")
-    if jax.default_backend() == "cpu":
-        update_step = sharded(partial(module.update_minibatch, **update_args), 6)
-
-        def update(train_state):
-            for epoch in range(args.update_epochs):
-                for minibatch in range(args.num_minibatches):
-                    train_state, _ = update_step(train_state, epoch, minibatch, batch, perms, args.learning_rate)
-            return train_state
-    else:
-        update_all = sharded(partial(module.update_epochs, **update_args), 4)
-        update = lambda train_state: update_all(train_state, batch, perms, args.learning_rate)[0]
+    update_all = sharded(partial(module.update_epochs, agent=agent, tx=tx, args=args, axis_name="devices"), 4)
+    update = lambda train_state: update_all(train_state, batch, perms, args.learning_rate)[0]
 
     def one_iteration(train_state):
         jax.block_until_ready(forwards(train_state.params, obs, keys[0]))

@@ -3,14 +3,12 @@
 The PPO of `ppo_atari_envpool.py` (Nature CNN, envpool's Atari preprocessing with episodic life and
 reward clipping, reset steps kept out of the update, truncations bootstrapped), written in JAX.
 envpool's XLA interface puts the environment steps inside the compiled rollout: one `jax.lax.scan`
-plays all the steps of an iteration; GAE is a reverse scan. The minibatch updates run as one
-compiled `lax.scan` on GPU and as a Python loop of compiled steps on CPU, where XLA runs
-convolutions in a rolled loop many times slower. Data parallel over all local devices (shard_map),
-each with its own envpool, and over several hosts with `jax.distributed`.
+plays all the steps of an iteration; GAE is a reverse scan; all epochs and minibatches of the
+update are one compiled `lax.scan`. Data parallel over all local devices (shard_map), each with its
+own envpool, and over several hosts with `jax.distributed`.
 Docs: docs/ppo_atari_envpool_xla_jax_scan.md
 """
 
-import ctypes
 import hashlib
 import os
 import queue
@@ -105,9 +103,6 @@ class Args:
     """the target KL divergence threshold (stops the epochs of an update early)"""
 
     # Scale-out
-    update_loop: Literal["auto", "python", "scan"] = "auto"
-    """minibatch loop: `scan` compiles all epochs in one program (GPU), `python` loops over compiled
-    steps (CPU, where XLA runs rolled loops of convolutions slowly); `auto` picks by backend"""
     coordinator_address: str | None = None
     """multi-host: `host:port` of process 0 (default: $JAX_COORDINATOR_ADDRESS, or cluster detection)"""
     num_processes: int | None = None
@@ -298,12 +293,19 @@ def layer_init(std=np.sqrt(2), bias_const=0.0) -> dict:
     return dict(kernel_init=nn.initializers.orthogonal(std), bias_init=nn.initializers.constant(bias_const))
 
 
+# XLA:CPU computes a convolution inside a compiled loop (the rollout's and the update's lax.scan)
+# very slowly: measured on the 2-core CPU, one minibatch step of the compiled update took 8.5 s
+# with XLA's convolutions and 0.24 s with the same convolutions as matrix products of image
+# patches ("im2col", the Conv below), 36x; the rollout of 8 envs x 128 steps 1.27 s against
+# 0.83 s. False: XLA's convolution everywhere. Other backends always use XLA's (cuDNN on GPU).
+PATCH_CONVOLUTIONS_ON_CPU = True
+
+
 class Conv(nn.Module):
     """nn.Conv(features, (k, k), strides=(s, s), padding="VALID"): the same parameters and function.
 
-    On CPU it is computed as one matrix product of the image patches ("im2col"): XLA:CPU runs these
-    strided convolutions on one thread, at a tenth of its matrix-product speed, and this form made
-    the whole update 1.7x faster there. Elsewhere XLA's convolution (cuDNN on GPU) is used.
+    With `im2col` (default: on CPU, see PATCH_CONVOLUTIONS_ON_CPU) it is computed as one matrix
+    product of the image patches; otherwise with XLA's convolution.
     """
 
     features: int
@@ -312,7 +314,7 @@ class Conv(nn.Module):
     dtype: Any = jnp.float32
     kernel_init: Any = nn.initializers.lecun_normal()
     bias_init: Any = nn.initializers.zeros
-    im2col: bool | None = None  # None: on CPU only
+    im2col: bool | None = None  # None: PATCH_CONVOLUTIONS_ON_CPU on the CPU backend
 
     @nn.compact
     def __call__(self, x):  # x: (batch, height, width, channels)
@@ -320,7 +322,9 @@ class Conv(nn.Module):
         kernel = self.param("kernel", self.kernel_init, (k, k, channels, self.features))
         bias = self.param("bias", self.bias_init, (self.features,))
         x, kernel, bias = x.astype(self.dtype), kernel.astype(self.dtype), bias.astype(self.dtype)
-        im2col = jax.default_backend() == "cpu" if self.im2col is None else self.im2col
+        im2col = self.im2col
+        if im2col is None:
+            im2col = PATCH_CONVOLUTIONS_ON_CPU and jax.default_backend() == "cpu"
         if not im2col:
             y = jax.lax.conv_general_dilated(x, kernel, (s, s), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
             return y + bias
@@ -579,11 +583,12 @@ def update_minibatch(
 
 
 def update_epochs(train_state: TrainState, batch: Batch, perms, learning_rate, agent, tx, args: Args, axis_name: str):
-    """All epochs and minibatches of one update as one compiled program (`--update-loop scan`).
+    """All epochs and minibatches of one update as one compiled program: a `lax.scan` over epochs
+    of `lax.scan`s over minibatches.
 
-    The same steps as main's Python loop; --target-kl cannot break a compiled loop, so the epochs
-    after the stop are skipped by a `lax.cond`. Returns the state, the last minibatch's statistics
-    and the mean clip fraction of the minibatches that ran.
+    --target-kl cannot break a compiled loop, so the epochs after the stop are skipped by a
+    `lax.cond`. Returns the state, the last minibatch's statistics and the mean clip fraction of the
+    minibatches that ran.
     """
     step = partial(update_minibatch, batch=batch, perms=perms, learning_rate=learning_rate, agent=agent, tx=tx,
                    args=args, axis_name=axis_name)
@@ -740,22 +745,7 @@ class Progress:
 # ---------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------
-def keep_freed_memory():
-    """XLA:CPU allocates its large buffers afresh for every call; glibc hands those out as new
-    mmaps whose pages the kernel zero-fills on first touch, and that page faulting was half the
-    update time measured on CPU. One arena that keeps freed memory lets the buffers be reused."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8
-        libc.mallopt(M_ARENA_MAX, 1)
-        libc.mallopt(M_MMAP_MAX, 0)
-        libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
-    except (OSError, AttributeError):  # not glibc: nothing to tune
-        pass
-
-
 def main(args: Args):
-    keep_freed_memory()  # before XLA starts its threads
     coordinator_address = args.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
     if coordinator_address:
         # Several hosts: every process runs this script; jax.distributed joins their devices into one job.
@@ -766,10 +756,13 @@ def main(args: Args):
             args.process_id if args.process_id is not None else env_int("JAX_PROCESS_ID"),
         )
 
-    if min(args.num_envs, args.num_steps, args.num_minibatches, args.update_epochs, args.max_episode_steps) < 1:
-        fail("--num-envs, --num-steps, --num-minibatches, --update-epochs and --max-episode-steps must be positive")
-    if args.eval_episodes < 1:
-        fail("--eval-episodes must be positive")
+    counts = (args.num_envs, args.num_steps, args.num_minibatches, args.update_epochs, args.max_episode_steps,
+              args.eval_episodes)
+    if min(counts) < 1:
+        fail(
+            "--num-envs, --num-steps, --num-minibatches, --update-epochs, --max-episode-steps and --eval-episodes"
+            " must be positive"
+        )
     args.num_devices = jax.device_count()
     if args.num_envs % args.num_devices != 0:
         fail(
@@ -791,9 +784,6 @@ def main(args: Args):
     envpool_task(args.env_id)  # an unknown env id fails here, before anything is written
     if args.eval_checkpoint is None and args.num_iterations < 1:
         fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch ({args.batch_size} steps)")
-    update_loop = args.update_loop
-    if update_loop == "auto":
-        update_loop = "python" if jax.default_backend() == "cpu" else "scan"
 
     # Logging is process 0's job; every process trains.
     is_main = jax.process_index() == 0
@@ -833,7 +823,7 @@ def main(args: Args):
         print(
             f"{args.num_devices} {jax.default_backend()} device(s) on {jax.process_count()} process(es):"
             f" {args.num_envs} envs ({args.local_num_envs} per device), batch {args.batch_size},"
-            f" minibatch {args.minibatch_size}, {args.num_iterations} iterations, {update_loop} update loop"
+            f" minibatch {args.minibatch_size}, {args.num_iterations} iterations"
         )
 
     env_threads = max(1, (os.cpu_count() or 1) // len(local_devices))
@@ -880,13 +870,10 @@ def main(args: Args):
     prepare = sharded(
         partial(prepare_batch, args=args, axis_name="devices"), (by_env, by_sample, P()), (by_sample, by_env, P())
     )
-    update_args = dict(agent=agent, tx=tx, args=args, axis_name="devices")
-    if update_loop == "scan":
-        update = sharded(partial(update_epochs, **update_args), (P(), by_sample, by_env, P()), P(), donate_argnums=0)
-    else:
-        update_step = sharded(
-            partial(update_minibatch, **update_args), (P(), P(), P(), by_sample, by_env, P()), P(), donate_argnums=0
-        )
+    update = sharded(
+        partial(update_epochs, agent=agent, tx=tx, args=args, axis_name="devices"), (P(), by_sample, by_env, P()), P(),
+        donate_argnums=0,
+    )
 
     def on_device(tree, device):
         """The copy of a replicated array tree that `device` holds, as a plain array of that device (no copy)."""
@@ -922,18 +909,7 @@ def main(args: Args):
         next_value = global_array([v for _, _, v in outputs], 0, by_sample)
 
         batch, perms, explained_var = prepare(transitions, next_value, update_key)
-        if update_loop == "scan":
-            train_state, stats, clipfrac = update(train_state, batch, perms, learning_rate)
-            clipfrac = host(clipfrac)
-        else:
-            clipfracs = []
-            for epoch in range(args.update_epochs):
-                for minibatch in range(args.num_minibatches):
-                    train_state, stats = update_step(train_state, epoch, minibatch, batch, perms, learning_rate)
-                    clipfracs.append(stats["clipfrac"])
-                if args.target_kl is not None and host(stats["approx_kl"]) > args.target_kl:
-                    break
-            clipfrac = np.mean([host(c) for c in clipfracs])
+        train_state, stats, clipfrac = update(train_state, batch, perms, learning_rate)
 
         # The games that ended, in the job's order: the env steps of one vector step count as
         # consecutive global steps, env 0 first, so every game is logged at a step of its own.
@@ -959,7 +935,7 @@ def main(args: Args):
             writer.add_scalar("losses/entropy", host(stats["entropy"]), global_step)
             writer.add_scalar("losses/old_approx_kl", host(stats["old_approx_kl"]), global_step)
             writer.add_scalar("losses/approx_kl", host(stats["approx_kl"]), global_step)
-            writer.add_scalar("losses/clipfrac", clipfrac, global_step)
+            writer.add_scalar("losses/clipfrac", host(clipfrac), global_step)
             writer.add_scalar("losses/explained_variance", host(explained_var), global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
             progress.show(global_step, sps, recent_returns)

@@ -121,8 +121,8 @@ def test_normalized_advantages_have_mean_0_and_std_1_over_played_steps():
     np.testing.assert_allclose([kept.mean(), kept.std(ddof=1)], [0.0, 1.0], atol=1e-5)
 
 
-def test_scan_and_python_update_loops_take_the_same_steps():
-    # --update-loop scan (the GPU path) compiles what the Python loop of main does step by step.
+def test_the_compiled_update_takes_the_minibatch_steps_of_every_epoch_in_order():
+    # update_epochs compiles into one program what a Python loop over update_minibatch would do.
     args = small_args()
     agent = ppo_jax.Agent(4)
     tx = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optax.scale_by_adam(eps=1e-5))
@@ -338,7 +338,8 @@ def test_loaded_model_equals_saved_model(tmp_path):
 
 
 def test_patch_convolution_equals_xla_convolution():
-    # On CPU the network computes its convolutions as matrix products of image patches.
+    # On CPU (PATCH_CONVOLUTIONS_ON_CPU) the network computes its convolutions as matrix products of
+    # image patches: the same function of the same parameters as XLA's convolution.
     x = jax.random.normal(jax.random.key(0), (3, 20, 20, 8))
     for kernel_size, stride in [(8, 4), (4, 2), (3, 1)]:
         layer = partial(ppo_jax.Conv, 16, kernel_size, stride)
