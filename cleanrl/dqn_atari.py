@@ -211,6 +211,9 @@ def capped_cubic(game: int) -> bool:
     return round(game ** (1 / 3)) ** 3 == game if game < 1000 else game % 1000 == 0
 
 
+STOP = object()  # tells the encoder thread to finish
+
+
 class VideoRecorder:
     """Records games of env 0 as RGB mp4 files, `{folder}/game-{k}.mp4` for the k-th game.
 
@@ -277,9 +280,6 @@ class VideoRecorder:
         self.frames.put(STOP)
         self.encoder.join()
         self.shadow.close()
-
-
-STOP = object()  # tells the encoder thread to finish
 
 
 # ---------------------------------------------------------------------------------------------
