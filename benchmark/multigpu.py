@@ -3,6 +3,7 @@
     python benchmark/multigpu.py                 # both parts, about 6 minutes on 2 quiet cores
     python benchmark/multigpu.py --part sps      # only the training throughput
     python benchmark/multigpu.py --part sync     # only the gradient-sync comparison
+    python benchmark/multigpu.py --part split    # --env-split measured against even (not in "all"), ~12 minutes
 
 1. Training throughput (SPS, environment steps per second of the whole job) with the default
    hyperparameters (8 envs per process, 128 steps, 4 epochs of 4 minibatches), in fp32 and bf16:
@@ -18,6 +19,13 @@
    with backward). Communication share = time in the collective calls / update time (for DDP, whose
    all-reduces run inside backward(): (update time - baseline) / update time). Then the bare
    collectives on the flat gradient: ring all-reduce against reduce-to-rank-0 plus broadcast.
+3. Processes of unequal speed (`--part split`): two processes pinned to a core each, with and
+   without a CPU-bound competitor pinned to the second core (which then runs rank 1 at about half
+   speed), each with `--env-split even` and `--env-split measured` (measured every 5 iterations),
+   interleaved in rounds. 16 environments x 64 steps (the default batch of 1,024 steps): with the
+   split's granularity of one environment, 8 environments would bound the gain at 4 / 3 = 1.33x
+   (the best split of 8 for speeds 2:1 is 5 + 3). Steady SPS over the second half of each run, after
+   the split has settled.
 Other processes on the machine distort all of it: each table says how much of the CPUs they used
 meanwhile. Figures taken with more than a few percent are figures of a loaded machine.
 """
@@ -76,13 +84,15 @@ class OtherLoad:
 # ---------------------------------------------------------------------------------------------
 # 1. Training throughput
 # ---------------------------------------------------------------------------------------------
-def steady_sps(run_dir: str) -> float:
+def steady_sps(run_dir: str, skip: float = 0.0) -> float:
+    """Steps per second between the logs of the first iteration (or of the first after the `skip`
+    fraction of the run) and the last."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     accumulator = EventAccumulator(run_dir, size_guidance={"scalars": 0})
     accumulator.Reload()
     events = accumulator.Scalars("charts/SPS")
-    first, last = events[0], events[-1]
+    first, last = events[int(skip * (len(events) - 1))], events[-1]
     return (last.step - first.step) / (last.wall_time - first.wall_time)
 
 
@@ -115,6 +125,41 @@ def measure_sps(iterations: int) -> list[dict]:
             shutil.rmtree(cwd)
             print(f"  {precision:4} {name}: {rows[-1]['sps']:.0f} SPS, other processes used {other.share:.0%} "
                   "of the CPUs", file=sys.stderr, flush=True)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Processes of unequal speed: --env-split measured against even
+# ---------------------------------------------------------------------------------------------
+def measure_split(rounds: int, iterations: int) -> list[dict]:
+    rows = []
+    for round_number in range(1, rounds + 1):
+        for load in ("competitor on core 2", "quiet"):
+            for split in ("even", "measured"):
+                arguments = ["--num-envs", "16", "--num-steps", "64", "--total-timesteps", str(iterations * 1024),
+                             "--env-split", split, "--split-every", "5"]
+                cwd = tempfile.mkdtemp(prefix="benchmark-split-")
+                competitor = None
+                if load != "quiet":
+                    competitor = subprocess.Popen(["taskset", "-c", str(CORES[1]), sys.executable, "-c", "while True: pass"])
+                try:
+                    result = subprocess.run(pinned_torchrun(sys.executable, SCRIPT, *arguments), cwd=cwd,
+                                            env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                                            timeout=1800)
+                finally:
+                    if competitor is not None:
+                        competitor.kill()
+                        competitor.wait()
+                if result.returncode != 0:
+                    sys.exit(f"error: {split} ({load}) failed:\n{result.stderr[-2000:]}")
+                run_dir = os.path.join(cwd, "runs", os.listdir(os.path.join(cwd, "runs"))[0])
+                changes = [line.split(": ", 1)[1].split(":")[0] for line in result.stdout.splitlines()
+                           if line.startswith("iteration ") and ": env split " in line]
+                rows.append({"round": round_number, "load": load, "split": split,
+                             "sps": steady_sps(run_dir, skip=0.5), "changes": changes})
+                shutil.rmtree(cwd)
+                print(f"  round {round_number}, {load}, {split}: {rows[-1]['sps']:.0f} SPS"
+                      f"{' (' + '; '.join(changes) + ')' if changes else ''}", file=sys.stderr, flush=True)
     return rows
 
 
@@ -242,8 +287,10 @@ def measure_sync(updates: int, minibatch: int) -> dict:
 # ---------------------------------------------------------------------------------------------
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["all", "sps", "sync"], default="all")
-    parser.add_argument("--iterations", type=int, default=8, help="training iterations per SPS run (default 8)")
+    parser.add_argument("--part", choices=["all", "sps", "sync", "split"], default="all")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of the split comparison (default 2)")
+    parser.add_argument("--iterations", type=int, default=8,
+                        help="training iterations per SPS run (default 8; the split comparison runs 3 times as many)")
     parser.add_argument("--updates", type=int, default=20, help="timed minibatch updates per sync method (default 20)")
     parser.add_argument("--minibatch", type=int, default=256, help="samples per process per minibatch (default 256)")
     parser.add_argument("--sync-worker", action="store_true", help=argparse.SUPPRESS)
@@ -285,6 +332,17 @@ def main():
         saving = 1 - ring / naive
         print(f"\nring all-reduce: {abs(saving):.0%} {'less' if saving >= 0 else 'more'} time than reduce + broadcast")
         print(f"other processes used {results['other_load']:.0%} of the CPUs during the sync measurement")
+    if options.part == "split":
+        rows = measure_split(options.rounds, 3 * options.iterations)
+        print("\n| round | load | --env-split | steady SPS | measured / even | split changes |\n|-|-|-|-|-|-|")
+        for row in rows:
+            even = next(r["sps"] for r in rows if r["round"] == row["round"] and r["load"] == row["load"]
+                        and r["split"] == "even")
+            print(f"| {row['round']} | {row['load']} | {row['split']} | {row['sps']:.0f} | {row['sps'] / even:.2f}x | "
+                  f"{'; '.join(row['changes']) or '-'} |")
+        for load in ("competitor on core 2", "quiet"):
+            ratio = lambda split: statistics.median(r["sps"] for r in rows if r["load"] == load and r["split"] == split)
+            print(f"{load}: measured / even = {ratio('measured') / ratio('even'):.2f}x (medians over the rounds)")
     print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

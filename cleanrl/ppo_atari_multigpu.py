@@ -4,13 +4,17 @@ The PPO of ppo_atari.py spread over N processes by `torchrun`: on one machine or
 CPUs (gloo) or GPUs (nccl). Each process plays its own `--local-num-envs` games and learns on its
 share of every minibatch; the gradients are averaged over the processes with one all-reduce per
 minibatch, so every process holds bit-identical weights. With `--checkpoint-every` a run can be
-resumed (`--resume`), also by torchrun itself when it restarts failed workers (`--max-restarts`).
+resumed (`--resume`), also by torchrun itself when it restarts failed workers (`--max-restarts`) or
+when nodes join and leave (`--nnodes=MIN:MAX`). With `--env-split measured`, processes of unequal
+speed get shares of the environments in proportion to their measured speed: none waits for a slow one.
 Docs: docs/ppo_atari_multigpu.md
 """
 
+import functools
 import glob
 import hashlib
 import json
+import math
 import os
 import queue
 import random
@@ -82,7 +86,7 @@ class Args:
     local_num_envs: int = 8
     """the number of parallel game environments in each process"""
     num_envs: int | None = None
-    """the number of environments of the whole job, split evenly over the processes (instead of local_num_envs)"""
+    """the number of environments of the whole job, split over the processes by --env-split (instead of local_num_envs)"""
     num_steps: int = 128
     """the number of steps run in each environment per policy rollout"""
     anneal_lr: bool = True
@@ -92,7 +96,7 @@ class Args:
     gae_lambda: float = 0.95
     """the lambda for the general advantage estimation"""
     num_minibatches: int = 4
-    """the number of mini-batches (each process contributes an equal share of every one)"""
+    """the number of mini-batches (each process contributes a share of every one, in proportion to its environments)"""
     update_epochs: int = 4
     """the K epochs to update the policy"""
     norm_adv: bool = True
@@ -115,6 +119,12 @@ class Args:
     """the torch.distributed backend: `nccl`, `gloo`, or `auto` (nccl when each process has a GPU, gloo otherwise)"""
     device_ids: list[int] | None = None
     """the GPU of each process on a node, indexed by LOCAL_RANK; unset, process LOCAL_RANK uses cuda:LOCAL_RANK"""
+    env_split: Literal["even", "measured"] = "even"
+    """how the job's environments are split over the processes: `even`, or `measured`: in proportion to each process's measured speed (for processes of unequal speed)"""
+    split_every: int = 10
+    """with --env-split measured: the iterations of one speed measurement, after which the split may change"""
+    split_threshold: float = 0.1
+    """with --env-split measured: the split changes only when the new one is predicted to shorten the job's iteration by more than this fraction (noise does not make it flap)"""
     checkpoint_every: int = 0
     """write a resumable checkpoint to `runs/{run_name}/checkpoints/` every K iterations and at the end (0: never)"""
     resume: str | None = None
@@ -126,11 +136,11 @@ class Args:
     batch_size: tyro.conf.Suppress[int] = 0
     """the batch size of the whole job (num_envs * num_steps)"""
     local_batch_size: tyro.conf.Suppress[int] = 0
-    """the batch size of one process (local_num_envs * num_steps)"""
+    """the batch size of this process (local_num_envs * num_steps)"""
     minibatch_size: tyro.conf.Suppress[int] = 0
     """the mini-batch size of the whole job (batch_size // num_minibatches)"""
     local_minibatch_size: tyro.conf.Suppress[int] = 0
-    """the share of one process in each mini-batch (local_batch_size // num_minibatches)"""
+    """the share of this process in each mini-batch (local_batch_size // num_minibatches)"""
     num_iterations: tyro.conf.Suppress[int] = 0
     """the number of iterations (total_timesteps // batch_size)"""
 
@@ -441,6 +451,33 @@ def ppo_loss(
 # ---------------------------------------------------------------------------------------------
 # Data parallel: the collective operations
 # ---------------------------------------------------------------------------------------------
+class CollectiveTime:
+    """Seconds this process has spent in collective calls, mostly waiting for the slower processes.
+    `--env-split measured` counts a process's work as its iteration time without them. On a GPU the
+    calls are asynchronous: `cuda_sync` makes the clock wait for the GPU on entry and exit."""
+
+    seconds = 0.0
+    cuda_sync = False
+
+
+def collective(function):
+    @functools.wraps(function)
+    def timed(*args, **kwargs):
+        if CollectiveTime.cuda_sync:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        try:
+            result = function(*args, **kwargs)
+            if CollectiveTime.cuda_sync:
+                torch.cuda.synchronize()
+            return result
+        finally:
+            CollectiveTime.seconds += time.perf_counter() - start
+
+    return timed
+
+
+@collective
 def global_mean_std(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and standard deviation (unbiased, as `torch.std`) of the union of every rank's `x`.
 
@@ -460,17 +497,22 @@ def global_mean_std(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return mean.to(x.dtype), variance.sqrt().to(x.dtype)
 
 
-def all_ranks_mean(x: torch.Tensor) -> torch.Tensor:
-    """The mean over ranks of a tensor each rank computed on its share (gloo has no AVG)."""
-    x = x.clone()
+@collective
+def job_mean(x: torch.Tensor, weight: float) -> torch.Tensor:
+    """The job's mean of a statistic each rank computed on its share: the sum over ranks of
+    weight * x, where weight is the rank's fraction of the job's samples (1 / world size when equal)."""
+    x = x * weight
     dist.all_reduce(x)
-    return x / dist.get_world_size()
+    return x
 
 
-def average_gradients(agent: nn.Module, world_size: int):
-    """Replaces every gradient by its mean over the processes.
+@collective
+def average_gradients(agent: nn.Module, world_size: int, weight: float | None = None):
+    """Replaces every gradient by its mean over the processes, weighted by their shares of the minibatch.
 
-    One all-reduce of a single flat fp32 buffer, the fewest collective calls: faster than an all-reduce
+    Each rank's loss is a mean over its share, so the gradient of the whole minibatch is the sum over
+    ranks of (share / minibatch) * gradient: `weight` is this rank's fraction of the minibatch (None:
+    equal shares, 1 / world_size). One all-reduce of a single flat fp32 buffer, the fewest collective calls: faster than an all-reduce
     per parameter, as fast as DistributedDataParallel (whose default bucket holds the whole gradient)
     without its forward() wrapper (docs/ppo_atari_multigpu.md). The gradients are fp32 under bf16
     autocast too, since the parameters are.
@@ -479,12 +521,24 @@ def average_gradients(agent: nn.Module, world_size: int):
         return
     grads = [p.grad for p in agent.parameters()]
     flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    flat /= world_size
+    if weight is None:
+        dist.all_reduce(flat)
+        flat /= world_size
+    else:
+        flat *= weight
+        dist.all_reduce(flat)
     offset = 0
     for g in grads:
         g.copy_(flat[offset : offset + g.numel()].view(g.shape))
         offset += g.numel()
+
+
+@collective
+def gather_to_rank_0(obj, rank: int, world_size: int) -> list | None:
+    """Every rank's `obj`, in a list on rank 0 (None on the other ranks)."""
+    gathered = [None] * world_size if rank == 0 else None
+    dist.gather_object(obj, gathered, dst=0)
+    return gathered
 
 
 def tensor_digest(tensors) -> str:
@@ -550,7 +604,7 @@ def set_rng_state(state: dict, device):
 
 def save_checkpoint(
     folder: str, agent: Agent, optimizer, iteration: int, global_step: int, rng_states: list, env0_games: int,
-    args: Args, run_name: str,
+    args: Args, run_name: str, env_split: list[int] | None = None,
 ) -> str:
     """Everything a resumed run needs. Written to a temporary file, synced and renamed, so a crash
     leaves either the previous checkpoint or this one, never a truncated file. The newest two are kept."""
@@ -563,6 +617,7 @@ def save_checkpoint(
         "global_step": global_step,
         "rng_states": rng_states,  # one per rank
         "env0_games": env0_games,  # the games rank 0's env 0 finished: a resumed run numbers its videos on
+        "env_split": env_split or [args.num_envs // args.world_size] * args.world_size,  # environments per rank
         "args": vars(args),
         "run_name": run_name,
     }
@@ -702,57 +757,109 @@ class Progress:
 # ---------------------------------------------------------------------------------------------
 def derive_sizes(args: Args):
     """The job's sizes from the per-process ones (or from --num-envs). Every rank computes the same from
-    the same input, so a bad combination stops all of them before any collective call: no rank is left waiting."""
+    the same input, so a bad combination stops all of them before any collective call: no rank is left waiting.
+    The sizes of this process's share are set by `take_share`."""
     counts = (args.local_num_envs, args.num_steps, args.num_minibatches, args.update_epochs, args.eval_episodes)
-    if min(*counts, args.max_episode_steps, 1 if args.num_envs is None else args.num_envs) < 1:
+    if min(*counts, args.max_episode_steps, args.split_every, 1 if args.num_envs is None else args.num_envs) < 1:
         fail(
-            "--local-num-envs, --num-envs, --num-steps, --num-minibatches, --update-epochs, --eval-episodes and "
-            "--max-episode-steps must be positive"
+            "--local-num-envs, --num-envs, --num-steps, --num-minibatches, --update-epochs, --eval-episodes, "
+            "--max-episode-steps and --split-every must be positive"
         )
+    if not 0 <= args.split_threshold < 1:
+        fail(f"--split-threshold {args.split_threshold} must be at least 0 and below 1")
     if args.num_envs is None:
         args.num_envs = args.local_num_envs * args.world_size
-    elif args.num_envs % args.world_size != 0:
-        fail(f"--num-envs {args.num_envs} cannot be split evenly over {args.world_size} processes")
-    args.local_num_envs = args.num_envs // args.world_size
-    args.batch_size = args.num_envs * args.num_steps
-    args.local_batch_size = args.local_num_envs * args.num_steps
-    # Each process cuts its own rollout into the minibatches: all run the same number, of equal size.
-    if args.local_batch_size % args.num_minibatches != 0:
+    # Each process cuts its own rollout into the minibatches: all run the same number of them.
+    granularity = split_granularity(args.num_steps, args.num_minibatches)
+    if args.env_split == "even":
+        if args.num_envs % args.world_size != 0:
+            fail(f"--num-envs {args.num_envs} cannot be split evenly over {args.world_size} processes")
+        local_batch_size = args.num_envs // args.world_size * args.num_steps
+        if local_batch_size % args.num_minibatches != 0:
+            fail(
+                f"local_num_envs * num_steps = {local_batch_size} is not divisible by num_minibatches = "
+                f"{args.num_minibatches}"
+            )
+    elif args.num_envs % granularity != 0 or args.num_envs < granularity * args.world_size:
         fail(
-            f"local_num_envs * num_steps = {args.local_batch_size} is not divisible by num_minibatches = "
-            f"{args.num_minibatches}"
+            f"--env-split measured gives each process a multiple of {granularity} environments (a rollout of "
+            f"{args.num_steps} steps that divides into {args.num_minibatches} minibatches): --num-envs "
+            f"{args.num_envs} must be a multiple of {granularity} and at least {granularity * args.world_size}"
         )
-    args.local_minibatch_size = args.local_batch_size // args.num_minibatches
-    args.minibatch_size = args.local_minibatch_size * args.world_size
+    args.batch_size = args.num_envs * args.num_steps
+    args.minibatch_size = args.batch_size // args.num_minibatches
     if args.norm_adv and args.minibatch_size < 2:
         fail(f"minibatches of {args.minibatch_size} sample cannot normalize advantages; use fewer --num-minibatches")
     args.num_iterations = args.total_timesteps // args.batch_size
 
 
-def resumable_world_sizes(num_envs: int, num_steps: int, num_minibatches: int) -> list[int]:
+def split_granularity(num_steps: int, num_minibatches: int) -> int:
+    """The fewest environments whose rollout divides into the minibatches: each process's share is a multiple of it."""
+    return num_minibatches // math.gcd(num_steps, num_minibatches)
+
+
+def even_split(num_envs: int, world_size: int, granularity: int) -> list[int]:
+    """Environments per process, as equal as multiples of `granularity` allow."""
+    units = num_envs // granularity
+    return [(units // world_size + (rank < units % world_size)) * granularity for rank in range(world_size)]
+
+
+def balanced_split(num_envs: int, seconds_per_env: list[float], granularity: int) -> list[int]:
+    """Environments per process for processes whose iteration takes `seconds_per_env` per environment:
+    the split whose slowest process finishes first. One share (of `granularity` environments) each, then
+    every further share to the process that would finish it soonest."""
+    split = [granularity] * len(seconds_per_env)
+    for _ in range(num_envs // granularity - len(split)):
+        soonest = min(range(len(split)), key=lambda rank: (split[rank] + granularity) * seconds_per_env[rank])
+        split[soonest] += granularity
+    return split
+
+
+def iteration_seconds(split: list[int], seconds_per_env: list[float]) -> float:
+    """The job's iteration time for a split: that of its slowest process (every process waits for it)."""
+    return max(envs * seconds for envs, seconds in zip(split, seconds_per_env))
+
+
+def take_share(args: Args, split: list[int], rank: int):
+    """This process's sizes under a split."""
+    args.local_num_envs = split[rank]
+    args.local_batch_size = args.local_num_envs * args.num_steps
+    args.local_minibatch_size = args.local_batch_size // args.num_minibatches
+
+
+def per_process(split: list[int], factor: float = 1) -> str:
+    """[2, 2] -> '2'; [3, 1] -> '3 + 1'."""
+    sizes = [int(envs * factor) for envs in split]
+    return str(sizes[0]) if len(set(sizes)) == 1 else " + ".join(map(str, sizes))
+
+
+def resumable_world_sizes(num_envs: int, num_steps: int, num_minibatches: int, env_split: str = "even") -> list[int]:
     """The world sizes a run of `num_envs` environments can resume on: those that split the environments
-    evenly, into per-process rollouts that the minibatches divide."""
-    return [
-        w for w in range(1, num_envs + 1) if num_envs % w == 0 and num_envs // w * num_steps % num_minibatches == 0
-    ]
+    into per-process rollouts that the minibatches divide (evenly, or any multiple of the granularity)."""
+    granularity = split_granularity(num_steps, num_minibatches)
+    if env_split == "measured":
+        return list(range(1, num_envs // granularity + 1)) if num_envs % granularity == 0 else []
+    return [w for w in range(1, num_envs + 1) if num_envs % w == 0 and (num_envs // w) % granularity == 0]
 
 
 def in_words(world_sizes: list[int]) -> str:
-    """[1, 2, 4] -> '1, 2 or 4 processes'."""
+    """[1, 2, 4] -> '1, 2 or 4 processes'; [1, 2, 3, 4] -> '1 to 4 processes'."""
+    if len(world_sizes) > 2 and world_sizes == list(range(world_sizes[0], world_sizes[-1] + 1)):
+        return f"{world_sizes[0]} to {world_sizes[-1]} processes"
     numbers = ", ".join(map(str, world_sizes[:-1])) + " or " if len(world_sizes) > 1 else ""
     return f"{numbers}{world_sizes[-1]} process{'es' if world_sizes != [1] else ''}"
 
 
 def resize_for_checkpoint(args: Args, saved: dict):
-    """A resumed run keeps the checkpoint's global batch. A new world size re-splits it: each process
-    then runs saved num_envs / world_size environments, whatever --local-num-envs or --num-envs say."""
+    """A resumed run keeps the checkpoint's global batch, re-split over this world size, whatever
+    --local-num-envs or --num-envs say."""
     for field in ("env_id", "num_steps", "num_minibatches", "total_timesteps"):
         if getattr(args, field) != saved[field]:
             fail(
                 f"--resume: the checkpoint's run has {field}={saved[field]!r}, this command {getattr(args, field)!r}: "
                 "resume with the run's arguments"
             )
-    world_sizes = resumable_world_sizes(saved["num_envs"], saved["num_steps"], saved["num_minibatches"])
+    world_sizes = resumable_world_sizes(saved["num_envs"], saved["num_steps"], saved["num_minibatches"], args.env_split)
     if args.world_size not in world_sizes:
         fail(
             f"--resume: the run's {saved['num_envs']} environments cannot be split over {args.world_size} processes: "
@@ -830,14 +937,30 @@ def name_run_and_read_checkpoint(args: Args, rank: int) -> tuple[str, dict | Non
         fail(error)
     if checkpoint is not None:
         run_name = checkpoint["run_name"]
-        saved_world_size, requested_local_num_envs = checkpoint["args"]["world_size"], args.local_num_envs
+        checkpoint["requested_num_envs"] = args.num_envs
         resize_for_checkpoint(args, checkpoint["args"])
-        if rank == 0 and (saved_world_size != args.world_size or args.local_num_envs != requested_local_num_envs):
-            print(
-                f"the run's {args.num_envs} environments (on {saved_world_size} processes before) are split over "
-                f"{args.world_size} processes: {args.local_num_envs} per process"
-            )
     return run_name, checkpoint
+
+
+def first_split(args: Args, checkpoint: dict | None, rank: int) -> list[int]:
+    """The environments of each process at the start: even, or as even as the granularity allows under
+    --env-split measured, which then re-measures. A resumed run on the same world size keeps its split."""
+    if args.env_split == "even":
+        split = [args.num_envs // args.world_size] * args.world_size
+    else:
+        split = even_split(args.num_envs, args.world_size, split_granularity(args.num_steps, args.num_minibatches))
+    if checkpoint is None:
+        return split
+    saved_split = checkpoint.get("env_split", [checkpoint["args"]["num_envs"] // checkpoint["args"]["world_size"]] *
+                                 checkpoint["args"]["world_size"])
+    if args.env_split == "measured" and len(saved_split) == args.world_size:
+        split = saved_split
+    if rank == 0 and (split != saved_split or checkpoint["requested_num_envs"] != args.num_envs):
+        print(
+            f"the run's {args.num_envs} environments (on {in_words([len(saved_split)])} before) are split over "
+            f"{in_words([args.world_size])}: {per_process(split)} per process"
+        )
+    return split
 
 
 def restore(checkpoint: dict, agent: Agent, optimizer, args: Args, rank: int, device) -> tuple[int, int]:
@@ -858,6 +981,44 @@ def restore(checkpoint: dict, agent: Agent, optimizer, args: Args, rank: int, de
             flush=True,
         )
     return checkpoint["iteration"], checkpoint["global_step"]
+
+
+def start_environments(args: Args, split: list[int], rank: int, iteration: int, device):
+    """This process's share of the job's environments, started at an iteration boundary; returns them,
+    the job's index of the first, its seed, the first observations and lives. Every environment of the job
+    gets its own seed, seed + its index in the job + iteration * num_envs: environments started later (by a
+    resume or a re-split) never replay a seed."""
+    env_offset = sum(split[:rank])
+    env_seed = args.seed + env_offset + iteration * args.num_envs
+    envs = make_envs(args.env_id, split[rank], args.repeat_action_probability, args.max_episode_steps)
+    next_obs, info = envs.reset(seed=env_seed)
+    return envs, env_offset, env_seed, torch.from_numpy(next_obs).to(device), info["lives"].copy()
+
+
+def rollout_storage(args: Args, device) -> tuple[torch.Tensor, ...]:
+    """obs, actions, logprobs, rewards, dones, values of one rollout of this process's share.
+    Observations stay uint8: 4x less memory and copying than float."""
+    shape = (args.num_steps, args.local_num_envs)
+    obs = torch.zeros(shape + (4, 84, 84), dtype=torch.uint8, device=device)
+    actions = torch.zeros(shape, dtype=torch.long, device=device)
+    return obs, actions, *(torch.zeros(shape, device=device) for _ in range(4))
+
+
+def measured_split(split: list[int], seconds_per_env: float, args: Args) -> tuple[list[int], str]:
+    """--env-split measured: gathers every process's measured seconds per environment-iteration and
+    returns the balanced split if it is predicted to shorten the job's iteration by more than
+    --split-threshold (else the current split), with a line that says what was measured."""
+    measured = [None] * args.world_size
+    dist.all_gather_object(measured, seconds_per_env)
+    balanced = balanced_split(args.num_envs, measured, split_granularity(args.num_steps, args.num_minibatches))
+    now, then = iteration_seconds(split, measured), iteration_seconds(balanced, measured)
+    change = then < (1 - args.split_threshold) * now
+    line = (
+        f"env split {per_process(split)} -> {per_process(balanced if change else split)} per process: measured "
+        f"{' / '.join(f'{1000 * seconds:.0f}' for seconds in measured)} ms per env and iteration, predicted iteration "
+        f"{now:.2f} s -> {then:.2f} s"
+    )
+    return (balanced if change else split), line
 
 
 # ---------------------------------------------------------------------------------------------
@@ -885,6 +1046,8 @@ def main(args: Args):
     backend = start_process_group(args, rank, device)
 
     run_name, checkpoint = name_run_and_read_checkpoint(args, rank)
+    split = first_split(args, checkpoint, rank)
+    take_share(args, split, rank)
     writer = None
     if rank == 0:
         if args.track:
@@ -915,11 +1078,12 @@ def main(args: Args):
             writer.close()
         return
 
-    envs = make_envs(args.env_id, args.local_num_envs, args.repeat_action_probability, args.max_episode_steps)
+    start_iteration = checkpoint["iteration"] if checkpoint is not None else 0
+    envs, env_offset, env_seed, next_obs, lives = start_environments(args, split, rank, start_iteration, device)
     num_actions = int(envs.single_action_space.n)
     agent = Agent(num_actions).to(device).to(memory_format=torch.channels_last)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    start_iteration, global_step, env0_games = 0, 0, 0
+    global_step, env0_games = 0, 0
     if checkpoint is not None:
         start_iteration, global_step = restore(checkpoint, agent, optimizer, args, rank, device)
         env0_games = checkpoint["env0_games"]
@@ -928,27 +1092,19 @@ def main(args: Args):
     for tensor in agent.state_dict().values():
         dist.broadcast(tensor, src=0)
 
-    # Rollout storage. Observations stay uint8: 4x less memory and copying than float.
-    obs = torch.zeros((args.num_steps, args.local_num_envs, 4, 84, 84), dtype=torch.uint8, device=device)
-    actions = torch.zeros((args.num_steps, args.local_num_envs), dtype=torch.long, device=device)
-    logprobs = torch.zeros((args.num_steps, args.local_num_envs), device=device)
-    rewards = torch.zeros((args.num_steps, args.local_num_envs), device=device)
-    dones = torch.zeros((args.num_steps, args.local_num_envs), device=device)
-    values = torch.zeros((args.num_steps, args.local_num_envs), device=device)
-
-    # Every environment of the job gets its own seed: seed + rank * local_num_envs + index. A resumed
-    # run moves past the seeds of the games already started.
-    env_seed = args.seed + rank * args.local_num_envs + start_iteration * args.num_envs
+    episode_stats = EpisodeStatistics(args.local_num_envs)
+    obs, actions, logprobs, rewards, dones, values = rollout_storage(args, device)
     if rank == 0:
         print(
-            f"world size {args.world_size}: {args.num_envs} envs ({args.local_num_envs} per process), "
-            f"batch {args.batch_size} ({args.local_batch_size} per process), minibatch {args.minibatch_size} "
-            f"({args.local_minibatch_size} per process), {args.num_iterations} iterations",
+            f"world size {args.world_size}: {args.num_envs} envs ({per_process(split)} per process), "
+            f"batch {args.batch_size} ({per_process(split, args.num_steps)} per process), minibatch "
+            f"{args.minibatch_size} ({per_process(split, args.num_steps / args.num_minibatches)} per process), "
+            f"{args.num_iterations} iterations",
             flush=True,
         )
         if args.checkpoint_every and start_iteration == 0:
             # A restart on a world size that cannot split the environments fails on every restart alike.
-            world_sizes = resumable_world_sizes(args.num_envs, args.num_steps, args.num_minibatches)
+            world_sizes = resumable_world_sizes(args.num_envs, args.num_steps, args.num_minibatches, args.env_split)
             print(f"this run's {args.num_envs} environments can resume on {in_words(world_sizes)}", flush=True)
     print(
         f"rank {rank}/{args.world_size}: pid {os.getpid()}, {device}, {backend}, {torch.get_num_threads()} threads, "
@@ -958,10 +1114,6 @@ def main(args: Args):
 
     start_global_step, sps, games_played = global_step, 0, 0
     start_time = time.time()
-    next_obs_np, info = envs.reset(seed=env_seed)
-    next_obs = torch.from_numpy(next_obs_np).to(device)
-    lives = info["lives"].copy()
-    episode_stats = EpisodeStatistics(args.local_num_envs)
     recent_returns = deque(maxlen=20)
     progress = Progress(args.num_iterations * args.batch_size, args.progress_interval)
     video = None
@@ -970,8 +1122,14 @@ def main(args: Args):
             f"videos/{run_name}", args.env_id, env_seed, args.repeat_action_probability, args.max_episode_steps,
             first_game=env0_games, track=args.track,
         )
+    # --env-split measured: this process's busy time (its iteration minus its time in collective calls,
+    # where it waits for the others), over windows of --split-every iterations, each after one of warm-up
+    # (a first iteration pays for start-up and for new batch shapes).
+    CollectiveTime.cuda_sync = args.env_split == "measured" and device.type == "cuda"
+    busy_seconds, measured_iterations, warming_up = 0.0, 0, True
 
     for iteration in range(start_iteration + 1, args.num_iterations + 1):
+        iteration_start, waited_before = time.perf_counter(), CollectiveTime.seconds
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
@@ -1009,16 +1167,14 @@ def main(args: Args):
                 video.step(action[0])
             env0_games += bool(game_over[0])
             # The env steps of one vector step of the job count as consecutive global steps, in the
-            # order of the job's env index (rank * local_num_envs + i), so every game is logged at a
-            # step of its own.
+            # order of the job's env index (env_offset + i), so every game is logged at a step of its own.
             for i, episodic_return, episodic_length in episode_stats.step(reward, game_over):
-                game_step = global_step - args.num_envs + rank * args.local_num_envs + i + 1
+                game_step = global_step - args.num_envs + env_offset + i + 1
                 finished_games.append((game_step, episodic_return, episodic_length))
 
         # Rank 0 logs the games of the whole job: every rank's finished games are gathered to it.
         games_played += len(finished_games)
-        games_of_all_ranks = [None] * args.world_size if rank == 0 else None
-        dist.gather_object(finished_games, games_of_all_ranks, dst=0)
+        games_of_all_ranks = gather_to_rank_0(finished_games, rank, args.world_size)
         if rank == 0:
             for game_step, episodic_return, episodic_length in sorted(sum(games_of_all_ranks, [])):
                 recent_returns.append(episodic_return)
@@ -1036,6 +1192,9 @@ def main(args: Args):
         b_returns = returns.reshape(-1)
         b_values = values.reshape(-1)
 
+        # Every process cuts its rollout into num_minibatches shares: with unequal rollouts the shares
+        # differ in size, and this process's gradient and statistics count by its fraction of the samples.
+        share = args.local_num_envs / args.num_envs
         clipfracs = []
         for epoch in range(args.update_epochs):
             b_inds = torch.randperm(args.local_batch_size, device=device)
@@ -1049,18 +1208,18 @@ def main(args: Args):
                 )
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                average_gradients(agent, args.world_size)
+                average_gradients(agent, args.world_size, share)
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
                 clipfracs.append(stats["clipfrac"])
             # Stopping early changes the control flow: decided on the job's KL, the same on every
             # rank, so that no rank stops alone (and leaves the others waiting in an all-reduce).
-            if args.target_kl is not None and all_ranks_mean(stats["approx_kl"]) > args.target_kl:
+            if args.target_kl is not None and job_mean(stats["approx_kl"], share) > args.target_kl:
                 break
 
         # The logged figures are the job's: statistics averaged over ranks, explained variance of all values.
         job_stats = dict(stats, clipfrac=torch.stack(clipfracs).mean())
-        job_stats = dict(zip(job_stats, all_ranks_mean(torch.stack(list(job_stats.values()))).tolist()))
+        job_stats = dict(zip(job_stats, job_mean(torch.stack(list(job_stats.values())), share).tolist()))
         var_y = global_mean_std(b_returns)[1].item() ** 2
         explained_var = np.nan if var_y == 0 else 1 - global_mean_std(b_returns - b_values)[1].item() ** 2 / var_y
 
@@ -1076,17 +1235,50 @@ def main(args: Args):
             writer.add_scalar("losses/explained_variance", explained_var, global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
             writer.add_scalar("charts/world_size", args.world_size, global_step)
+            for r, envs_of_r in enumerate(split):
+                writer.add_scalar(f"charts/local_num_envs/rank_{r}", envs_of_r, global_step)
             progress.show(global_step, sps, recent_returns)
+
+        if args.env_split == "measured":
+            if warming_up:
+                warming_up = False
+            else:
+                busy_seconds += time.perf_counter() - iteration_start - (CollectiveTime.seconds - waited_before)
+                measured_iterations += 1
+            if measured_iterations == args.split_every:
+                new_split, line = measured_split(split, busy_seconds / measured_iterations / args.local_num_envs, args)
+                busy_seconds, measured_iterations = 0.0, 0
+                if new_split != split:
+                    # A process whose share changes starts new environments: its games in progress end
+                    # unfinished and are not logged (docs: "Processes of unequal speed").
+                    if rank == 0:
+                        print(f"iteration {iteration}: {line}", flush=True)
+                    old_envs, split = split[rank], new_split
+                    take_share(args, split, rank)
+                    env_offset = sum(split[:rank])
+                    if args.local_num_envs != old_envs:
+                        envs.close()
+                        envs, env_offset, env_seed, next_obs, lives = start_environments(
+                            args, split, rank, iteration, device
+                        )
+                        episode_stats = EpisodeStatistics(args.local_num_envs)
+                        obs, actions, logprobs, rewards, dones, values = rollout_storage(args, device)
+                        if video is not None:  # env 0 of rank 0 is a new environment: so is its shadow
+                            video.close()
+                            video = VideoRecorder(
+                                f"videos/{run_name}", args.env_id, env_seed, args.repeat_action_probability,
+                                args.max_episode_steps, first_game=env0_games, track=args.track,
+                            )
+                    warming_up = True
 
         if args.checkpoint_every and (iteration % args.checkpoint_every == 0 or iteration == args.num_iterations):
             # The weights and the optimizer are the same on every rank; the random streams are not.
-            rng_states = [None] * args.world_size if rank == 0 else None
-            dist.gather_object(rng_state(device), rng_states, dst=0)
+            rng_states = gather_to_rank_0(rng_state(device), rank, args.world_size)
             if rank == 0:
                 writer.flush()  # everything up to this checkpoint is on disk before it counts
                 path = save_checkpoint(
                     f"runs/{run_name}/checkpoints", agent, optimizer, iteration, global_step, rng_states, env0_games,
-                    args, run_name,
+                    args, run_name, split,
                 )
                 print(f"checkpoint {path}", flush=True)
 

@@ -32,11 +32,16 @@ def cli_flags(script: str) -> dict[str, str]:
 
 
 def logged_tags(script: str) -> list[str]:
-    """The tag of every add_scalar call of the script."""
+    """The tag of every add_scalar call of the script; an f-string tag as its template
+    (`charts/local_num_envs/rank_{r}`), which the page names as it is."""
     tags = []
     for node in ast.walk(script_tree(script)):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_scalar":
             tag = node.args[0]
+            if isinstance(tag, ast.JoinedStr):
+                tags.append("".join(part.value if isinstance(part, ast.Constant) else "{" + ast.unparse(part.value) + "}"
+                                    for part in tag.values))
+                continue
             assert isinstance(tag, ast.Constant), f"{script}: a tag this check cannot read: {ast.unparse(tag)}"
             tags.append(tag.value)
     return sorted(set(tags))

@@ -154,6 +154,13 @@ for precision in ("none", "bf16"):
     results[f"{precision}, this share alone"] = [p.grad.clone() for p in agent.parameters()]
     multigpu.average_gradients(agent, world_size)
     results[precision] = [p.grad.clone() for p in agent.parameters()]
+# Unequal shares (--env-split measured): 24 and 8 samples, averaged with and without the weights.
+sizes = [24, 8]
+first = sum(sizes[:rank])
+for weight in (sizes[rank] / sum(sizes), None):
+    agent = minibatch_gradients(minibatch, slice(first, first + sizes[rank]))
+    multigpu.average_gradients(agent, world_size, weight)
+    results["unequal" if weight else "unequal, unweighted"] = [p.grad.clone() for p in agent.parameters()]
 torch.save(results, f"{sys.argv[2]}/rank{rank}.pt")
 dist.destroy_process_group()
 """
@@ -191,6 +198,17 @@ def test_averaged_gradient_equals_the_single_process_gradient_of_the_whole_minib
     assert all(torch.equal(g0, g1) for g0, g1 in zip(rank0["none"], rank1["none"]))
     # What the sync replaces is far from it: the test could fail.
     assert relative_difference(rank0["none, this share alone"], whole) > 1e-2
+
+
+def test_weighted_gradient_of_unequal_shares_equals_the_single_process_gradient_of_the_whole_minibatch(
+    averaged_gradients,
+):
+    (rank0, rank1), minibatch = averaged_gradients
+    whole = [p.grad for p in minibatch_gradients(minibatch, slice(None)).parameters()]
+    assert relative_difference(rank0["unequal"], whole) < 1e-4
+    assert all(torch.equal(g0, g1) for g0, g1 in zip(rank0["unequal"], rank1["unequal"]))
+    # A plain mean of the two shares' gradients would weigh the 8 samples as much as the 24.
+    assert relative_difference(rank0["unequal, unweighted"], whole) > 1e-2
 
 
 def test_bf16_gradients_are_averaged_in_fp32(averaged_gradients):
@@ -280,6 +298,44 @@ def test_resumable_world_sizes_split_the_environments_and_the_minibatches():
     # 8 envs x 1 step on 4 processes: rollouts of 2 samples, not divisible into 4 minibatches.
     assert multigpu.resumable_world_sizes(8, 1, 4) == [1, 2]
     assert multigpu.in_words([1, 2, 4, 8]) == "1, 2, 4 or 8 processes" and multigpu.in_words([1]) == "1 process"
+    # --env-split measured splits into any multiples of the granularity: 8 x 1 step into 4 minibatches needs 4.
+    assert multigpu.resumable_world_sizes(8, 128, 4, "measured") == list(range(1, 9))
+    assert multigpu.resumable_world_sizes(8, 1, 4, "measured") == [1, 2]
+    assert multigpu.in_words(list(range(1, 9))) == "1 to 8 processes"
+
+
+# ---------------------------------------------------------------------------------------------
+# --env-split measured: shares in proportion to measured speed
+# ---------------------------------------------------------------------------------------------
+def test_split_granularity_makes_every_share_divide_into_the_minibatches():
+    assert multigpu.split_granularity(128, 4) == 1
+    assert multigpu.split_granularity(5, 4) == 4  # 4 envs x 5 steps = 20 samples: 4 minibatches of 5
+    assert multigpu.split_granularity(6, 4) == 2
+    assert multigpu.even_split(10, 3, 1) == [4, 3, 3]
+    assert multigpu.even_split(12, 2, 4) == [8, 4]
+
+
+def test_balanced_split_gives_a_twice_faster_process_twice_the_environments():
+    assert multigpu.balanced_split(12, [0.1, 0.2], 1) == [8, 4]
+    assert multigpu.balanced_split(8, [0.1, 0.1], 1) == [4, 4]
+    assert multigpu.balanced_split(16, [0.1, 0.2, 0.4], 2) == [10, 4, 2]
+    # No process is left without environments, however slow it is.
+    assert multigpu.balanced_split(4, [0.01, 10.0], 1) == [3, 1]
+    # The split minimizes the slowest process's time: no other split of 12 does better.
+    seconds = [0.13, 0.29]
+    best = min(([n, 12 - n] for n in range(1, 12)), key=lambda split: multigpu.iteration_seconds(split, seconds))
+    assert multigpu.iteration_seconds(multigpu.balanced_split(12, seconds, 1), seconds) == \
+        multigpu.iteration_seconds(best, seconds)
+
+
+def test_a_resumed_measured_run_keeps_its_split_on_the_same_world_size_only():
+    checkpoint = {"env_split": [3, 1], "args": {"num_envs": 4, "world_size": 2}, "requested_num_envs": 4}
+    for world_size, env_split, expected in [(2, "measured", [3, 1]), (1, "measured", [4]), (2, "even", [2, 2]),
+                                            (3, "measured", [2, 1, 1])]:
+        args = multigpu.Args(num_envs=4, num_steps=32, num_minibatches=2, env_split=env_split)
+        args.world_size = world_size
+        multigpu.derive_sizes(args)
+        assert multigpu.first_split(args, checkpoint, rank=1) == expected, (world_size, env_split)
 
 
 def test_off_a_terminal_rank_0_alone_prints_the_first_and_the_last_progress_line(two_process_run):
@@ -313,7 +369,7 @@ def test_resume_with_another_world_size_resplits_the_batch_and_continues_the_ste
     assert restored, result.stdout
     assert restored[1] == multigpu.tensor_digest(saved["model"].values())
     assert restored[2] == multigpu.optimizer_digest(saved["optimizer"])
-    assert "the run's 4 environments (on 2 processes before) are split over 1 processes: 4 per process" in result.stdout
+    assert "the run's 4 environments (on 2 processes before) are split over 1 process: 4 per process" in result.stdout
     assert "world size 1: 4 envs (4 per process), batch 128" in result.stdout
     assert "finished 12 iterations, 1536 steps" in result.stdout
     (run_dir,) = run_dirs(tmp_path)
@@ -423,6 +479,142 @@ def test_killed_worker_is_restarted_and_the_run_resumes_to_its_full_budget(tmp_p
 
 
 # ---------------------------------------------------------------------------------------------
+# Processes of unequal speed (--env-split measured) and nodes that join and leave (torchrun elastic)
+# ---------------------------------------------------------------------------------------------
+class Output:
+    """The merged stdout and stderr of a process, read by a thread as it comes."""
+
+    def __init__(self, process: subprocess.Popen):
+        self.lines = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(process.stdout), daemon=True)
+        self.reader.start()
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+
+def wait_for(condition, processes: list[subprocess.Popen], outputs: list[Output], timeout: float = 120):
+    deadline = time.time() + timeout
+    while not condition():
+        alive = all(process.poll() is None for process in processes)
+        assert time.time() < deadline and alive, "\n---\n".join(output.text for output in outputs)
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def measured_split_run(tmp_path_factory):
+    """2 processes, each pinned to its own core, with two busy loops on rank 1's core: rank 1 runs at about
+    a third of rank 0's speed, and still at half of it if other jobs load both cores alike. Each loop
+    is a session of its own: Linux's autogroup scheduler shares a core between sessions first, and the
+    two loops of one session would take only half of the core together. 16 iterations of 8 envs x 32 steps, --env-split measured every 2 iterations, videos."""
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    if len(cores) < 2 or shutil.which("taskset") is None:
+        pytest.skip("needs 2 cores and taskset")
+    cwd = tmp_path_factory.mktemp("measured_split")
+    pin = f'exec taskset -c "$(echo {cores[0]} {cores[1]} | cut -d" " -f$((LOCAL_RANK + 1)))" "$@"'
+    command = [
+        TORCHRUN, *TWO_PROCESSES, "--no-python", "sh", "-c", pin, "sh", sys.executable,
+        os.path.join(REPO_ROOT, "cleanrl", SCRIPT), "--num-envs", "8", "--num-steps", "32", "--num-minibatches", "2",
+        "--update-epochs", "1", "--total-timesteps", str(16 * 256), "--env-split", "measured", "--split-every", "2",
+        "--checkpoint-every", "8", "--capture-video",
+    ]
+    competitors = [
+        subprocess.Popen(["taskset", "-c", str(cores[1]), sys.executable, "-c", "while True: pass"], start_new_session=True)
+        for _ in range(2)
+    ]
+    process = start(command, cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        stdout, stderr = process.communicate(timeout=300)
+    finally:
+        stop(process)
+        for competitor in competitors:
+            competitor.kill()
+            competitor.wait()
+    assert process.returncode == 0, stdout + stderr
+    return stdout, cwd
+
+
+def test_measured_split_moves_environments_to_the_faster_process(measured_split_run):
+    stdout, cwd = measured_split_run
+    assert "world size 2: 8 envs (4 per process)" in stdout
+    change = re.search(r"iteration (\d+): env split 4 -> (\d+) \+ (\d+) per process: measured (\d+) / (\d+) ms", stdout)
+    assert change, stdout
+    assert int(change[2]) > int(change[3]) and int(change[2]) + int(change[3]) == 8
+    assert int(change[4]) < int(change[5])  # rank 0, alone on its core, measured faster
+    scalars = read_scalars(run_dirs(cwd)[0])
+    shares = list(zip(*(scalars[f"charts/local_num_envs/rank_{r}"] for r in range(2))))
+    assert [step for (step, _), _ in shares] == [256 * i for i in range(1, 17)]
+    assert all(n0 + n1 == 8 for (_, n0), (_, n1) in shares)
+    changed_at = int(change[1])
+    assert [n0 for (_, n0), _ in shares[:changed_at]] == [4] * changed_at
+    assert shares[changed_at][0][1] == int(change[2])
+
+
+def test_measured_split_keeps_every_step_game_and_weight_right(measured_split_run):
+    stdout, cwd = measured_split_run
+    scalars = read_scalars(run_dirs(cwd)[0])
+    for tag in PPO_TAGS[2:] + ["charts/world_size"]:
+        assert steps(scalars, tag) == [256 * i for i in range(1, 17)], tag
+    played = {rank: int(m["games"]) for rank, m in rank_lines(stdout, r"rank (?P<rank>\d+): played (?P<games>\d+) games").items()}
+    game_steps = steps(scalars, "charts/episodic_return")
+    assert len(game_steps) == played[0] + played[1] and len(set(game_steps)) == len(game_steps)
+    digests = set(re.findall(r"parameters sha256 ([0-9a-f]+)", stdout))
+    assert len(digests) == 1
+    # The checkpoint keeps the split, and rank 0's videos go on after its environments were replaced.
+    (checkpoint,) = (cwd / "runs").glob("*/checkpoints/iteration-0000016.pt")
+    assert torch.load(checkpoint, weights_only=True)["env_split"] == [n for _, n in (
+        scalars["charts/local_num_envs/rank_0"][-1], scalars["charts/local_num_envs/rank_1"][-1])]
+    videos = sorted((cwd / "videos").glob("*/game-*.mp4"))
+    assert videos and all(mp4_frames(str(video)).shape[1:] == (210, 160, 3) for video in videos)
+
+
+def test_nodes_that_join_and_leave_an_elastic_job(tmp_path):
+    """Two single-process torchrun "nodes" of one elastic job on loopback: node A trains alone, node B joins
+    (world size 2, resumed from A's checkpoint), B is killed (agent and worker, as a lost machine), and A
+    goes on alone to the end of the run's budget."""
+    iterations = 200
+    launch = [
+        TORCHRUN, "--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        "--rdzv-id=elastic-test", "--rdzv-conf=last_call_timeout=1", "--max-restarts=3", "--monitor-interval=0.5",
+        os.path.join(REPO_ROOT, "cleanrl", SCRIPT), "--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2",
+        "--update-epochs", "1", "--total-timesteps", str(iterations * ITERATION), "--checkpoint-every", "5",
+        "--resume", "auto", "--env-split", "measured",
+    ]
+    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # torch 2.13's shared store cannot grow a job: docs
+    popen = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    node_a = start(launch, tmp_path, env, **popen)
+    a, node_b, b = Output(node_a), None, None
+    try:
+        wait_for(lambda: "checkpoint runs/" in a.text, [node_a], [a])
+        node_b = start(launch, tmp_path, env, **popen)
+        b = Output(node_b)
+        # World size 2, and a checkpoint of it written by its rank 0 (on either node).
+        after_world_2 = lambda output: output.text.partition("world size 2:")[2]
+        wait_for(lambda: any("checkpoint runs/" in after_world_2(o) for o in (a, b)), [node_a, node_b], [a, b])
+        worker_b = int(re.search(r"rank \d/2: pid (\d+)", b.text)[1])
+        os.killpg(node_b.pid, signal.SIGKILL)
+        os.kill(worker_b, signal.SIGKILL)
+        node_a.wait(timeout=240)
+    finally:
+        for node in (node_a, node_b):
+            if node is not None and node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+    a.reader.join(timeout=10)
+    assert node_a.returncode == 0, a.text
+    assert f"finished {iterations} iterations, {iterations * ITERATION} steps" in a.text
+    assert "are split over 1 process: 4 per process" in a.text  # the last resume, at world size 1
+    scalars = read_scalars(run_dirs(tmp_path)[0])
+    world_sizes = [int(value) for _, value in scalars["charts/world_size"]]
+    assert [size for i, size in enumerate(world_sizes) if i == 0 or size != world_sizes[i - 1]] == [1, 2, 1]
+    for tag in PPO_TAGS[2:] + ["charts/world_size"]:
+        assert steps(scalars, tag) == [ITERATION * i for i in range(1, iterations + 1)], tag
+    np.testing.assert_allclose([v for _, v in scalars["charts/learning_rate"]], annealed_lr(iterations), rtol=1e-6)
+    game_steps = steps(scalars, "charts/episodic_return")
+    assert len(set(game_steps)) == len(game_steps)
+
+
+# ---------------------------------------------------------------------------------------------
 # Bad input: a one-line error, every process exits non-zero, nothing hangs
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
@@ -436,6 +628,10 @@ def test_killed_worker_is_restarted_and_the_run_resumes_to_its_full_budget(tmp_p
         (["--update-epochs", "0"], "must be positive"),
     (["--max-episode-steps", "0"], "must be positive"),
     (["--num-envs", "0"], "must be positive"),
+    (["--env-split", "measured", "--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"],
+     "must be a multiple of 4"),
+    (["--split-threshold", "1.5"], "must be at least 0 and below 1"),
+    (["--split-every", "0"], "must be positive"),
     ],
 )
 def test_bad_input_is_a_one_line_error(tmp_path, args, message):
