@@ -3,15 +3,20 @@
 For each script, with its default arguments and one torch thread, in the learning phase:
   env   - seconds per environment step of the script's own environment under random actions;
   nn    - seconds of the network work per environment step, on random data of the real shapes:
-          the forward pass that picks the action, plus the share of an update that falls on one
+          the forward pass that picks the action (DQN: on the share of greedy steps, 1 - epsilon on
+          average over the measured steps), plus the share of an update that falls on one
           step (DQN: an update every train_frequency steps; SAC: a critic update and on average one
           actor update per step; PPO: an iteration's 10 epochs x 32 minibatches over its 2048 steps);
   real  - the script's own training run: its steady SPS in the learning phase (from the wall times
           of its charts/SPS events past learning_starts; for PPO after its first iteration).
-The serial bound is 1 / (env + nn): what a loop that does nothing but step the environment and run
-the network could reach. real / bound is the fraction of it the script reaches; the rest is the
-script's own work (replay buffer, normalizers, logging). Every measurement runs in a fresh process,
-in `--rounds` interleaved rounds; the table shows medians.
+  loop  - seconds per step of the smallest loop that does the same env and network work in the
+          script's order and nothing else (no replay memory, normalizer, logging).
+The serial bound is 1 / (env + nn), the parts timed alone. A loop that does nothing but step the
+environment and run the network does not reach it when the parts are small: each evicts the
+other's code and data from the caches (CartPole's step and DQN's act are tens of microseconds).
+The loop measures what such a loop does reach. real / bound and real / loop are the fractions the
+script reaches; the rest is the script's own work (replay buffer, normalizers, logging). Every
+measurement runs in a fresh process, in `--rounds` interleaved rounds; the table shows medians.
 
     python benchmark/serial_bound.py                          # the four scripts, 2 rounds, ~15 min
     python benchmark/serial_bound.py --scripts dqn --rounds 3
@@ -27,10 +32,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+import tyro
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,6 +52,8 @@ SCRIPTS = {
     "ppo_continuous_action": ("HalfCheetah-v5", ["--total-timesteps", str(6 * 2048)]),
     "sac_continuous_action": ("HalfCheetah-v5", ["--learning-starts", "1000", "--total-timesteps", "4000"]),
 }
+# steps of the loop measurement: a few seconds each
+LOOP_STEPS = {"dqn": 6000, "dqn_atari": 600, "ppo_continuous_action": 2 * 2048, "sac_continuous_action": 600}
 REAL_FROM_STEP = {"dqn": 2500, "dqn_atari": 2500, "ppo_continuous_action": 2048, "sac_continuous_action": 1500}
 
 
@@ -64,78 +74,96 @@ def timed(function, steps: int, warm_up: int, scale: float = 1.0) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# env: the script's environment under random actions
+# The script's environment and network work
 # ---------------------------------------------------------------------------------------------
-def measure_env(script: str, env_id: str, steps: int = 2000) -> float:
-    module = importlib.import_module(f"cleanrl.{script}")
+def make_script_env(script: str, module, env_id: str):
+    """The script's own environment, made as the script makes it, reset: (env, first observation).
+    SAC steps a single env; the others a vector of one."""
     if script == "sac_continuous_action":
         env = module.make_env(env_id)
-        env.reset(seed=0)
-        env.action_space.seed(0)
-
-        def step():
-            _, _, terminated, truncated, _ = env.step(env.action_space.sample())
-            if terminated or truncated:
-                env.reset()
-
-        return timed(step, steps, 100)
-    if script == "dqn":
-        envs = module.make_envs(env_id, 1, False, "serial-bound")
+    elif script == "dqn":
+        env = module.make_envs(env_id, 1, False, "serial-bound")
     elif script == "dqn_atari":
-        envs = module.make_envs(env_id, 1, 0.0)
+        env = module.make_envs(env_id, 1, 0.0)
     else:
-        envs = module.make_envs(env_id, 1)
-    envs.reset(seed=0)
-    envs.action_space.seed(0)
-    seconds = timed(lambda: envs.step(envs.action_space.sample()), steps, 100)
-    envs.close()
-    return seconds
+        env = module.make_envs(env_id, 1)
+    obs, _ = env.reset(seed=0)
+    env.action_space.seed(0)
+    return env, obs
 
 
-# ---------------------------------------------------------------------------------------------
-# nn: the network work of one environment step in the learning phase
-# ---------------------------------------------------------------------------------------------
-def measure_nn(script: str, env_id: str, scale: float = 1.0) -> float:
-    torch.manual_seed(0)
+def step_env(script: str, env, action):
+    """One step; the next observation (a single env is reset at its episode ends, a vector one by itself)."""
+    obs, _, terminated, truncated, _ = env.step(action)
+    if script == "sac_continuous_action" and (terminated or truncated):
+        obs, _ = env.reset()
+    return obs
+
+
+def greedy_fraction(script: str) -> float:
+    """DQN runs its network to act only on greedy steps: the mean of 1 - epsilon over the steps of
+    the script's real run that the steady SPS is measured on."""
     module = importlib.import_module(f"cleanrl.{script}")
+    args = tyro.cli(module.Args, args=SCRIPTS[script][1])
+    exploration_steps = args.exploration_fraction * args.total_timesteps
+    steps = range(REAL_FROM_STEP[script], args.total_timesteps)
+    return 1.0 - statistics.fmean(module.linear_schedule(args.start_e, args.end_e, exploration_steps, t) for t in steps)
+
+
+@dataclass
+class NetworkWork:
+    """The network work of the script's learning phase, on random data of the real shapes."""
+
+    act: Callable  # observation as the env gives it -> an action for the env
+    update: Callable  # one update (PPO: an iteration's epochs)
+    update_every: int  # env steps per update
+    act_share: float = 1.0  # the share of steps that run act (DQN: the greedy steps)
+
+
+def network_work(script: str, module, env) -> NetworkWork:
+    torch.manual_seed(0)
     args = module.Args()
-    return {"dqn": nn_dqn, "dqn_atari": nn_dqn, "ppo_continuous_action": nn_ppo,
-            "sac_continuous_action": nn_sac}[script](module, args, scale)
+    return {"dqn": dqn_work, "dqn_atari": dqn_work, "ppo_continuous_action": ppo_work,
+            "sac_continuous_action": sac_work}[script](module, args, env)
 
 
-def nn_dqn(module, args, scale: float) -> float:
-    if hasattr(module, "FrameReplayBuffer"):  # dqn_atari
-        q_network = module.QNetwork(4).to(memory_format=torch.channels_last)
-        target_network = module.QNetwork(4).to(memory_format=torch.channels_last)
-        obs = torch.randint(0, 256, (args.batch_size, 4, 84, 84), dtype=torch.uint8)
+def dqn_work(module, args, envs) -> NetworkWork:
+    atari = hasattr(module, "FrameReplayBuffer")
+    num_actions = int(envs.single_action_space.n)
+    obs_shape = envs.single_observation_space.shape
+    if atari:
+        q_network = module.QNetwork(num_actions).to(memory_format=torch.channels_last)
+        target_network = module.QNetwork(num_actions).to(memory_format=torch.channels_last)
+        obs = torch.randint(0, 256, (args.batch_size, *obs_shape), dtype=torch.uint8)
     else:
-        q_network, target_network = module.QNetwork(4, 2), module.QNetwork(4, 2)
-        obs = torch.randn(args.batch_size, 4)
-    fused = hasattr(module, "FrameReplayBuffer")  # dqn_atari's Adam is fused, dqn's is not
-    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=fused)
-    actions = torch.randint(0, 2, (args.batch_size,))
+        q_network, target_network = module.QNetwork(obs_shape[0], num_actions), module.QNetwork(obs_shape[0], num_actions)
+        obs = torch.randn(args.batch_size, *obs_shape)
+    loss_function = F.smooth_l1_loss if atari else F.mse_loss  # the scripts' losses
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)  # as the scripts'
+    actions = torch.randint(0, num_actions, (args.batch_size,))
     rewards, dones = torch.randn(args.batch_size), torch.zeros(args.batch_size)
 
-    def act():
+    def act(observation):
         with torch.inference_mode():
-            q_network(obs[:1]).argmax(dim=1).numpy()
+            return q_network(torch.as_tensor(observation)).argmax(dim=1).numpy()
 
     def update():
         with torch.no_grad():
             target = module.td_target(rewards, dones, target_network(obs), args.gamma)
         q_taken = q_network(obs).gather(1, actions[:, None]).squeeze(1)
-        loss = (F.smooth_l1_loss if fused else F.mse_loss)(q_taken, target)  # the scripts' losses
+        loss = loss_function(q_taken, target)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         loss.item()
 
-    return timed(act, 500, 50, scale) + timed(update, 200, 20, scale) / args.train_frequency
+    script = module.__name__.rsplit(".", 1)[-1]
+    return NetworkWork(act, update, args.train_frequency, greedy_fraction(script))
 
 
-def nn_sac(module, args, scale: float) -> float:
-    obs_dim, action_dim, batch = 17, 6, args.batch_size  # HalfCheetah
-    actor = module.Actor(obs_dim, -np.ones(action_dim, np.float32), np.ones(action_dim, np.float32))
+def sac_work(module, args, env) -> NetworkWork:
+    obs_dim, action_dim, batch = env.observation_space.shape[0], env.action_space.shape[0], args.batch_size
+    actor = module.Actor(obs_dim, env.action_space.low, env.action_space.high)
     qf1, qf2, qf1_target, qf2_target = (module.SoftQNetwork(obs_dim, action_dim) for _ in range(4))
     q_optimizer = torch.optim.Adam(list(qf1.parameters()) + list(qf2.parameters()), lr=args.q_lr, fused=True)
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True)
@@ -145,10 +173,13 @@ def nn_sac(module, args, scale: float) -> float:
     rewards, terminations = torch.randn(batch), torch.zeros(batch)
     step = [0]
 
-    def one_step():  # the script's learning step: act, critic update, actor (and alpha) updates, targets
+    def act(observation):
+        with torch.no_grad():
+            return actor.get_action(torch.as_tensor(observation, dtype=torch.float32)[None])[0][0].numpy()
+
+    def update():  # the script's learning step: critic update, actor (and alpha) updates, targets
         step[0] += 1
         with torch.no_grad():
-            actor.get_action(obs[:1])[0].numpy()
             next_actions, next_log_pi, _ = actor.get_action(next_obs)
             target = module.soft_td_target(rewards, terminations, qf1_target(next_obs, next_actions),
                                            qf2_target(next_obs, next_actions), next_log_pi, 0.2, args.gamma)
@@ -175,11 +206,11 @@ def nn_sac(module, args, scale: float) -> float:
         module.soft_update(qf1_target, qf1, args.tau)
         module.soft_update(qf2_target, qf2, args.tau)
 
-    return timed(one_step, 200, 20, scale)
+    return NetworkWork(act, update, 1)
 
 
-def nn_ppo(module, args, scale: float) -> float:
-    obs_dim, action_dim = 17, 6  # HalfCheetah
+def ppo_work(module, args, envs) -> NetworkWork:
+    obs_dim, action_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     agent = module.Agent(obs_dim, action_dim)
@@ -187,11 +218,12 @@ def nn_ppo(module, args, scale: float) -> float:
     obs, actions = torch.randn(batch_size, obs_dim), torch.randn(batch_size, action_dim)
     logprobs, advantages, returns, values = torch.randn(4, batch_size)
 
-    def iteration():
-        for step in range(args.num_steps):
-            with torch.no_grad():
-                action, _, _, _ = agent.get_action_and_value(obs[step : step + 1])
-            action.numpy()
+    def act(observation):
+        with torch.no_grad():
+            action, _, _, _ = agent.get_action_and_value(torch.as_tensor(observation, dtype=torch.float32))
+        return action.numpy()
+
+    def update():  # an iteration's epochs over its rollout
         for _ in range(args.update_epochs):
             inds = torch.randperm(batch_size)
             for start in range(0, batch_size, minibatch_size):
@@ -204,7 +236,59 @@ def nn_ppo(module, args, scale: float) -> float:
                 torch.nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
 
-    return timed(iteration, 2, 1, scale) / batch_size
+    return NetworkWork(act, update, args.num_steps)
+
+
+# ---------------------------------------------------------------------------------------------
+# env, nn and loop: each alone, then together
+# ---------------------------------------------------------------------------------------------
+def measure_env(script: str, env_id: str, steps: int = 2000) -> float:
+    """Seconds per step of the script's environment under random actions."""
+    module = importlib.import_module(f"cleanrl.{script}")
+    env, _ = make_script_env(script, module, env_id)
+    seconds = timed(lambda: step_env(script, env, env.action_space.sample()), steps, 100)
+    env.close()
+    return seconds
+
+
+def measure_nn(script: str, env_id: str, scale: float = 1.0) -> float:
+    """Seconds of network work per env step: act (on its share of the steps) and the update's share,
+    each timed alone in a loop of its own."""
+    module = importlib.import_module(f"cleanrl.{script}")
+    env, obs = make_script_env(script, module, env_id)
+    work = network_work(script, module, env)
+    env.close()
+    act_seconds = timed(lambda: work.act(obs), 500, 50, scale)
+    update_seconds = timed(work.update, 200 if work.update_every < 100 else 2, 2, scale)
+    return act_seconds * work.act_share + update_seconds / work.update_every
+
+
+def measure_loop(script: str, env_id: str, scale: float = 1.0) -> float:
+    """Seconds per env step of the smallest loop that does the script's env and network work in
+    the script's order: act on the env's observation (DQN: on the greedy share of the steps, else
+    a random action), step the env, run an update every update_every steps. Nothing else: no
+    replay memory, normalizer or logging. Taken apart, the parts are faster than together (each
+    evicts the other's code and data from the caches): the loop is what a script can reach."""
+    module = importlib.import_module(f"cleanrl.{script}")
+    env, obs = make_script_env(script, module, env_id)
+    work = network_work(script, module, env)
+    coins = np.random.default_rng(0)
+    steps = max(work.update_every, int(LOOP_STEPS[script] * scale) // work.update_every * work.update_every)
+
+    def run(num_steps: int):
+        nonlocal obs
+        for step in range(1, num_steps + 1):
+            action = work.act(obs) if coins.random() < work.act_share else env.action_space.sample()
+            obs = step_env(script, env, action)
+            if step % work.update_every == 0:
+                work.update()
+
+    run(work.update_every)  # warm-up: one update cycle
+    start = time.perf_counter()
+    run(steps)
+    seconds = (time.perf_counter() - start) / steps
+    env.close()
+    return seconds
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,22 +317,26 @@ def main():
     torch.set_num_threads(1)
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores", flush=True)
 
-    samples = {script: {"env": [], "nn": [], "real": []} for script in options.scripts}
+    samples = {script: {"env": [], "nn": [], "loop": [], "real": []} for script in options.scripts}
     for round_number in range(1, options.rounds + 1):
         for script in options.scripts:
             env_id, run_arguments = SCRIPTS[script]
             samples[script]["env"].append(in_fresh_process(measure_env, script, env_id))
             samples[script]["nn"].append(in_fresh_process(measure_nn, script, env_id))
+            samples[script]["loop"].append(in_fresh_process(measure_loop, script, env_id))
             samples[script]["real"].append(measure_real(script, run_arguments))
-            env, nn, real = (samples[script][k][-1] for k in ("env", "nn", "real"))
+            env, nn, loop, real = (samples[script][k][-1] for k in ("env", "nn", "loop", "real"))
             print(f"  round {round_number}, {script}: env {env * 1e3:.3f} ms, nn {nn * 1e3:.3f} ms per step, "
-                  f"real {real:.0f} SPS, bound {1 / (env + nn):.0f} SPS", file=sys.stderr, flush=True)
+                  f"bound {1 / (env + nn):.0f} SPS, loop {1 / loop:.0f} SPS, real {real:.0f} SPS",
+                  file=sys.stderr, flush=True)
 
-    print("\n| script | env ms/step | nn ms/step | bound SPS | steady SPS | fraction |\n|-|-|-|-|-|-|")
+    print("\n| script | env ms/step | nn ms/step | bound SPS | loop SPS | steady SPS | of the bound | of the loop |")
+    print("|-|-|-|-|-|-|-|-|")
     for script in options.scripts:
-        env, nn, real = (statistics.median(samples[script][k]) for k in ("env", "nn", "real"))
+        env, nn, loop, real = (statistics.median(samples[script][k]) for k in ("env", "nn", "loop", "real"))
         bound = 1 / (env + nn)
-        print(f"| `{script}.py` | {env * 1e3:.3f} | {nn * 1e3:.3f} | {bound:.0f} | {real:.0f} | **{real / bound:.2f}** |")
+        print(f"| `{script}.py` | {env * 1e3:.3f} | {nn * 1e3:.3f} | {bound:.0f} | {1 / loop:.0f} | {real:.0f} "
+              f"| **{real / bound:.2f}** | **{real * loop:.2f}** |")
     print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

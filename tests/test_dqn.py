@@ -120,6 +120,31 @@ def test_replay_buffer_keeps_and_samples_only_the_newest_transitions():
     torch.testing.assert_close(batch["rewards"], batch["obs"][:, 0])
 
 
+class CountingQNetwork(torch.nn.Module):
+    """Q-values that make action 2 of 3 greedy; counts its calls."""
+
+    calls = 0
+
+    def forward(self, x):
+        CountingQNetwork.calls += 1
+        return torch.tensor([[0.0, 1.0, 5.0]]).expand(len(x), 3)
+
+
+def test_epsilon_greedy_explores_uniformly_at_rate_epsilon_and_runs_the_network_only_when_needed():
+    q_network, rng, obs = CountingQNetwork(), np.random.default_rng(0), np.zeros((4, 2), np.float32)
+    actions = np.concatenate([dqn.epsilon_greedy(q_network, obs, 0.3, 3, rng, "cpu") for _ in range(5000)])
+    # greedy (action 2) with probability 0.7, plus a third of the random ones
+    counts = np.bincount(actions, minlength=3) / len(actions)
+    np.testing.assert_allclose(counts, [0.1, 0.1, 0.8], atol=0.01)
+    assert actions.dtype == np.int64
+
+    CountingQNetwork.calls = 0
+    assert set(np.concatenate([dqn.epsilon_greedy(q_network, obs, 1.0, 3, rng, "cpu") for _ in range(300)])) == {0, 1, 2}
+    assert CountingQNetwork.calls == 0  # every env explored: the network never ran
+    assert (dqn.epsilon_greedy(q_network, obs, 0.0, 3, rng, "cpu") == 2).all()
+    assert CountingQNetwork.calls == 1
+
+
 def test_epsilon_decays_linearly_then_stays_at_its_end():
     assert_linear_epsilon_schedule(dqn.linear_schedule)
 
