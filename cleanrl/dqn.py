@@ -262,12 +262,14 @@ def epsilon_greedy(q_network: nn.Module, obs: np.ndarray, epsilon: float, num_ac
     """
     coins, uniforms = rng.random((2, len(obs)))
     explore = coins < epsilon
-    random_actions = (uniforms * num_actions).astype(np.int64)  # uniform over 0 .. num_actions - 1
-    if np.count_nonzero(explore) == len(obs):
-        return random_actions
+    num_exploring = np.count_nonzero(explore)
+    if num_exploring == len(obs):
+        return (uniforms * num_actions).astype(np.int64)  # uniform over 0 .. num_actions - 1
     with torch.inference_mode():
-        q_values = q_network(torch.as_tensor(obs, dtype=torch.float32, device=device))
-    return np.where(explore, random_actions, q_values.argmax(dim=1).cpu().numpy())
+        greedy = q_network(torch.as_tensor(obs, dtype=torch.float32, device=device)).argmax(dim=1).cpu().numpy()
+    if num_exploring == 0:
+        return greedy
+    return np.where(explore, (uniforms * num_actions).astype(np.int64), greedy)
 
 
 def update_target(target_network: nn.Module, q_network: nn.Module, tau: float):
