@@ -4,7 +4,8 @@
 # project's 2-core machine each single-process run gets both cores, the torchrun run one core per
 # process), then the plots. ppo_atari_multigpu.py runs 2 processes of 4 envs each, so its batch
 # (8 envs x 128 steps) and minibatches are those of the other three scripts.
-# Time on the 2-core machine: 35-70 minutes per run, about 5-7 hours in all.
+# Time on the 2-core machine: 35-70 minutes per run, about 5-7 hours in all. --skip-done: when a
+# session ends midway, running this again goes on with the runs that did not finish.
 #
 #     bash benchmark/breakout_1m.sh        # from anywhere; writes benchmark/results/breakout_1m/ and docs/img/breakout_1m/*.png
 set -euo pipefail
@@ -13,7 +14,7 @@ study="$repo/benchmark/results/breakout_1m"
 mkdir -p "$study"
 cd "$study"   # runs/ and logs/ of this study go here
 
-python "$repo/benchmark/run.py" --env-ids BreakoutNoFrameskip-v4 --seeds 1 2 --workers 1 \
+python "$repo/benchmark/run.py" --env-ids BreakoutNoFrameskip-v4 --seeds 1 2 --workers 1 --skip-done \
     --command "python $repo/cleanrl/ppo_atari.py --total-timesteps 1000000" \
               "python $repo/cleanrl/ppo_atari_envpool.py --total-timesteps 1000000" \
               "python $repo/cleanrl/ppo_atari_envpool_xla_jax_scan.py --total-timesteps 1000000" \

@@ -147,9 +147,24 @@ def read_run(path: str) -> Run | None:
     )
 
 
+def last_step(run: Run) -> float:
+    return max(run.episode_steps.max(initial=0.0), run.sps_steps.max(initial=0.0))
+
+
 def read_runs(runs_dir: str) -> list[Run]:
     runs = [read_run(path) for path in sorted(glob.glob(os.path.join(runs_dir, "*")))]
-    return [run for run in runs if run is not None]
+    # A seed counted twice would narrow the band and bias the mean: of two runs of one seed (an
+    # attempt cut off and restarted, a run repeated by hand), the one that got further is kept.
+    kept = {}
+    for run in (run for run in runs if run is not None):
+        key = (run.env_id, run.exp_name, run.seed)
+        if key in kept:
+            shorter, further = sorted((kept[key], run), key=last_step)
+            warn(f"skipping {shorter.path}: seed {run.seed} of {run.exp_name} on {run.env_id} again, and "
+                 f"{further.path} got further")
+            run = further
+        kept[key] = run
+    return list(kept.values())
 
 
 def group(runs: list[Run]) -> dict[tuple[str, str], list[Run]]:

@@ -31,12 +31,18 @@ it SIGINT (torchrun passes it to its workers), waits up to --stop-timeout second
 run's process group and every process the run had started, including workers that torchrun puts
 in sessions of their own. A second Ctrl-C kills them at once.
 
+--skip-done makes a study resumable: run its command again after a crash, a reboot or the end of a
+time-limited session, and only the runs that did not finish run (each run's log ends with the
+runner's `# exit STATUS after ...` line); the TensorBoard directories of their cut-off attempts are
+moved to LOG_DIR/incomplete_runs/ first, so that plots count every seed once.
+
 --slurm renders benchmark/slurm_template.sh into LOG_DIR/{job_name}.sbatch (one array task per
 command x env id x seed; --workers, when given, caps how many run at once), prints it, and submits
 it with sbatch when sbatch is on PATH.
 """
 
 import argparse
+import glob
 import os
 import re
 import shlex
@@ -231,6 +237,36 @@ def finish(run: Run):
     read_progress(run)
     run.returncode, run.ended = run.process.returncode, time.time()
     run.state = "done" if run.returncode == 0 else "failed"
+    with open(run.log_path, "a") as log:  # the last line says how it ended: what --skip-done reads
+        log.write(f"\n{EXIT_LINE}{run.returncode} after {run.elapsed()}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+
+
+EXIT_LINE = "# exit "
+
+
+def finished_before(run: Run, log_dir: str) -> bool:
+    """Whether an earlier runner finished this run, the same command, with exit status 0: its log
+    starts with the command and ends with the runner's exit line."""
+    try:
+        with open(os.path.join(log_dir, f"{run.name}.log"), errors="replace") as log:
+            lines = log.read().splitlines()
+    except OSError:
+        return False
+    return bool(lines) and lines[0] == f"# {run.command}" and lines[-1].startswith(f"{EXIT_LINE}0 after")
+
+
+def set_aside_earlier_attempts(run: Run, log_dir: str) -> list[str]:
+    """Moves the TensorBoard directories of earlier, unfinished attempts of a run (runs/{name}__*,
+    where the scripts write them) to LOG_DIR/incomplete_runs/, so that a plot does not count a
+    cut-off attempt as one more seed. Kept, not deleted."""
+    moved = []
+    for path in sorted(glob.glob(os.path.join("runs", glob.escape(run.name) + "__*"))):
+        if re.fullmatch(r"\d+", os.path.basename(path)[len(run.name) + 2 :]):  # the script's time stamp
+            target = os.path.join(log_dir, "incomplete_runs", os.path.basename(path))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.move(path, target)
+            moved.append(target)
+    return moved
 
 
 def stop(runs: list[Run], timeout: float, display) -> None:
@@ -287,7 +323,7 @@ def table_lines(runs: list[Run]) -> list[str]:
 
 
 def counts(runs: list[Run]) -> str:
-    states = ("queued", "running", "done", "failed", "stopped")
+    states = ("queued", "running", "done", "skipped", "failed", "stopped")
     number = {state: sum(run.state == state for run in runs) for state in states}
     return ", ".join(f"{n} {state}" for state, n in number.items() if n)
 
@@ -366,12 +402,23 @@ def raise_interrupted(signum, frame):
     raise Interrupted()
 
 
-def run_locally(runs: list[Run], workers: int, log_dir: str, status_interval: float, stop_timeout: float) -> int:
+def run_locally(runs: list[Run], workers: int, log_dir: str, status_interval: float, stop_timeout: float,
+                skip_done: bool = False) -> int:
     os.makedirs(log_dir, exist_ok=True)
     cores = len(os.sched_getaffinity(0))
     display = TerminalDisplay(runs) if sys.stdout.isatty() else PlainDisplay(runs, status_interval)
     display.message(f"{len(runs)} run(s), {workers} at a time, logs in {log_dir}/")
-    queue, running = list(runs), []
+    if skip_done:
+        for run in runs:
+            if finished_before(run, log_dir):
+                run.state = "skipped"
+            else:
+                for path in set_aside_earlier_attempts(run, log_dir):
+                    display.message(f"set aside the unfinished attempt {path}")
+        skipped = [run.name for run in runs if run.state == "skipped"]
+        if skipped:
+            display.message(f"skipping {len(skipped)} run(s) done earlier: {', '.join(skipped)}")
+    queue, running = [run for run in runs if run.state == "queued"], []
     signal.signal(signal.SIGTERM, raise_interrupted)  # scheduler and `kill` stop the runs like Ctrl-C
     try:
         while queue or running:
@@ -462,6 +509,11 @@ def main():
                              "OMP_NUM_THREADS = cores // (workers * processes of the run)")
     parser.add_argument("--log-dir", default="logs", help="where each run's output goes, as {name}.log (default: logs)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands (or the sbatch script) and stop")
+    parser.add_argument("--skip-done", action="store_true",
+                        help="skip the runs that an earlier runner finished with exit 0 (their log in --log-dir "
+                             "says so, with the same command), and move the TensorBoard directories of earlier "
+                             "unfinished attempts of the others to LOG_DIR/incomplete_runs/: a study cut off "
+                             "midway goes on where it stopped when its command is run again")
     parser.add_argument("--status-interval", type=float, default=60.0,
                         help="seconds between the progress lines of the running runs when stdout is not a terminal")
     parser.add_argument("--stop-timeout", type=float, default=30.0,
@@ -483,16 +535,21 @@ def main():
     if cli.status_interval <= 0 or cli.stop_timeout < 0:
         fail("--status-interval must be positive and --stop-timeout at least 0")
     runs = make_runs(cli.command, cli.env_ids, cli.seeds)
+    if cli.slurm and cli.skip_done:
+        fail("--skip-done is for local runs; under --slurm, resubmit the array tasks that failed (sbatch --array=...)")
     if cli.slurm:
         sys.exit(submit_slurm(runs, cli, cli.log_dir))
     workers = cli.workers or 1
     if cli.dry_run:
         cores = len(os.sched_getaffinity(0))
         for run in runs:
+            if cli.skip_done and finished_before(run, cli.log_dir):
+                print(f"# done earlier, skipped: {run.command}")
+                continue
             print(f"OMP_NUM_THREADS={threads_per_run(cores, workers, run.processes)} {run.command}"
                   f"  > {os.path.join(cli.log_dir, run.name + '.log')}")
         return
-    sys.exit(run_locally(runs, workers, cli.log_dir, cli.status_interval, cli.stop_timeout))
+    sys.exit(run_locally(runs, workers, cli.log_dir, cli.status_interval, cli.stop_timeout, cli.skip_done))
 
 
 if __name__ == "__main__":

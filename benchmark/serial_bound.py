@@ -16,7 +16,8 @@ environment and run the network does not reach it when the parts are small: each
 other's code and data from the caches (CartPole's step and DQN's act are tens of microseconds).
 The loop measures what such a loop does reach. real / bound and real / loop are the fractions the
 script reaches; the rest is the script's own work (replay buffer, normalizers, logging). Every
-measurement runs in a fresh process, in `--rounds` interleaved rounds; the table shows medians.
+measurement runs in a fresh process, in `--rounds` interleaved rounds; the table shows medians (the
+fractions: the medians of each round's fraction).
 
     python benchmark/serial_bound.py                          # the four scripts, 2 rounds, ~15 min
     python benchmark/serial_bound.py --scripts dqn --rounds 3
@@ -330,13 +331,17 @@ def main():
                   f"bound {1 / (env + nn):.0f} SPS, loop {1 / loop:.0f} SPS, real {real:.0f} SPS",
                   file=sys.stderr, flush=True)
 
+    # The fractions are the medians of each round's own: this machine's speed drifts over minutes,
+    # and the measurements of one round are minutes apart at most.
     print("\n| script | env ms/step | nn ms/step | bound SPS | loop SPS | steady SPS | of the bound | of the loop |")
     print("|-|-|-|-|-|-|-|-|")
     for script in options.scripts:
-        env, nn, loop, real = (statistics.median(samples[script][k]) for k in ("env", "nn", "loop", "real"))
-        bound = 1 / (env + nn)
-        print(f"| `{script}.py` | {env * 1e3:.3f} | {nn * 1e3:.3f} | {bound:.0f} | {1 / loop:.0f} | {real:.0f} "
-              f"| **{real / bound:.2f}** | **{real * loop:.2f}** |")
+        env, nn, loop, real = (samples[script][k] for k in ("env", "nn", "loop", "real"))
+        of_bound = statistics.median(r * (e + n) for r, e, n in zip(real, env, nn))
+        of_loop = statistics.median(r * s for r, s in zip(real, loop))
+        print(f"| `{script}.py` | {statistics.median(env) * 1e3:.3f} | {statistics.median(nn) * 1e3:.3f} "
+              f"| {1 / (statistics.median(env) + statistics.median(nn)):.0f} | {1 / statistics.median(loop):.0f} "
+              f"| {statistics.median(real):.0f} | **{of_bound:.2f}** | **{of_loop:.2f}** |")
     print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

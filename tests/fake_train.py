@@ -17,6 +17,8 @@ parser.add_argument("--pid-dir", help="write this process's pid (and its helper'
 parser.add_argument("--spawn-helper", action="store_true",
                     help="start a sleeping child in a session of its own, as torchrun starts its workers")
 parser.add_argument("--ignore-sigint", action="store_true", help="a run stuck in native code")
+parser.add_argument("--tensorboard", action="store_true",
+                    help="make the run's directory as the scripts do, runs/{env_id}__fake_train__{seed}__{time}")
 args = parser.parse_args()
 
 if args.ignore_sigint:
@@ -24,6 +26,8 @@ if args.ignore_sigint:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 print(f"env {args.env_id} seed {args.seed} OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}", flush=True)
+if args.tensorboard:
+    os.makedirs(f"runs/{args.env_id.replace('/', '_')}__fake_train__{args.seed}__{time.time_ns()}")
 if args.pid_dir:
     with open(os.path.join(args.pid_dir, f"{os.getpid()}.pid"), "w") as f:
         f.write("run")

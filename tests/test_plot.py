@@ -178,6 +178,19 @@ def test_the_folder_name_names_a_run_without_hyperparameters_text(tmp_path):
     assert (run.env_id, run.exp_name, run.seed) == ("ALE_Breakout-v5", "ppo_atari", 3)
 
 
+def test_of_two_runs_of_one_seed_the_one_that_got_further_counts(tmp_path, capsys):
+    text = hyperparameters_text("PongNoFrameskip-v4", "alpha", 1)
+    write_run(tmp_path, "PongNoFrameskip-v4__alpha__1__1700000000", [1.0] * 30, text)  # cut off at step 3,000
+    write_run(tmp_path, "PongNoFrameskip-v4__alpha__1__1700009999", [2.0] * 50, text)
+    write_run(tmp_path, "PongNoFrameskip-v4__alpha__2__1700000000", [3.0] * 10, hyperparameters_text(
+        "PongNoFrameskip-v4", "alpha", 2))
+    runs = plot.read_runs(str(tmp_path))
+    assert sorted((run.seed, len(run.returns)) for run in runs) == [(1, 50), (2, 10)]
+    warning = capsys.readouterr().err
+    assert "skipping " + str(tmp_path / "PongNoFrameskip-v4__alpha__1__1700000000") in warning
+    assert "got further" in warning
+
+
 def test_a_run_that_finished_no_game_is_skipped_with_a_warning(tmp_path, capsys):
     write_run(tmp_path, "Pong-v5__alpha__1__1700000000", [], text=None, rates=[100.0])
     assert plot.read_runs(str(tmp_path)) == []

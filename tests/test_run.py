@@ -143,6 +143,39 @@ def test_dry_run_prints_every_command_and_runs_nothing(tmp_path):
     assert not (tmp_path / "logs").exists()
 
 
+def test_skip_done_runs_only_what_did_not_finish_and_sets_cut_off_attempts_aside(tmp_path):
+    command = f"{FAKE} --tensorboard"
+    assert runner("--env-ids", "Pong", "--seeds", "1", "--command", command, cwd=tmp_path).returncode == 0
+    assert runner("--env-ids", "Pong", "--seeds", "2", "--command", f"{command} --fail-seeds 2", cwd=tmp_path).returncode
+    # an attempt of seed 3 that was cut off (a killed session): a run directory and a log without an exit line
+    (tmp_path / "runs" / "Pong__fake_train__3__1700000000").mkdir()
+    (tmp_path / "logs" / "Pong__fake_train__3.log").write_text(f"# {command} --env-id Pong --seed 3\n10 steps\n")
+    seed_1_log = (tmp_path / "logs" / "Pong__fake_train__1.log").read_text()
+    assert seed_1_log.splitlines()[-1].startswith("# exit 0 after ")
+
+    again = runner("--env-ids", "Pong", "--seeds", "1", "2", "3", "--skip-done", "--command", command, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "skipping 1 run(s) done earlier: Pong__fake_train__1" in again.stdout
+    assert (tmp_path / "logs" / "Pong__fake_train__1.log").read_text() == seed_1_log, "a done run is not run again"
+    # seed 2 failed (and with another command), seed 3 was cut off: both run again, their earlier
+    # attempts kept aside, so that runs/ holds one directory per seed
+    runs = sorted(os.listdir(tmp_path / "runs"))
+    assert [name.rsplit("__", 1)[0] for name in runs] == [f"Pong__fake_train__{seed}" for seed in (1, 2, 3)]
+    aside = sorted(os.listdir(tmp_path / "logs" / "incomplete_runs"))
+    assert [name.rsplit("__", 1)[0] for name in aside] == ["Pong__fake_train__2", "Pong__fake_train__3"]
+    assert aside[1] == "Pong__fake_train__3__1700000000"
+    assert "set aside the unfinished attempt logs/incomplete_runs/Pong__fake_train__3__1700000000" in again.stdout
+    for seed in (2, 3):
+        assert (tmp_path / "logs" / f"Pong__fake_train__{seed}.log").read_text().splitlines()[-1].startswith("# exit 0")
+
+    # a different command is another run, even where the names agree
+    dry = runner("--env-ids", "Pong", "--seeds", "1", "--skip-done", "--dry-run", "--command", f"{command} --iterations 5",
+                 cwd=tmp_path)
+    assert "# done earlier" not in dry.stdout and "--iterations 5 --env-id Pong --seed 1" in dry.stdout
+    dry = runner("--env-ids", "Pong", "--seeds", "1", "--skip-done", "--dry-run", "--command", command, cwd=tmp_path)
+    assert dry.stdout.startswith("# done earlier, skipped:")
+
+
 @pytest.mark.parametrize(
     "arguments, fragment",
     [
