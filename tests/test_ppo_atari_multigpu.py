@@ -433,61 +433,6 @@ def test_bf16_run_gives_finite_losses(two_node_bf16_run):
 # ---------------------------------------------------------------------------------------------
 # A worker killed under torchrun --max-restarts
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    "rendezvous",
-    ["c10d, store shared with the workers", "c10d, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", "static, --master-addr"],
-)
-def test_killed_worker_is_restarted_and_the_run_resumes_to_its_full_budget(tmp_path, rendezvous):
-    launch, env = TWO_PROCESSES, {}
-    if rendezvous.startswith("static"):
-        launch = ["--nnodes=1", "--nproc-per-node=2", "--master-addr=127.0.0.1", f"--master-port={free_port()}"]
-    elif rendezvous.endswith("=1"):
-        env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    # 30 iterations: the kill after the first checkpoint (iteration 2) must land before the run ends,
-    # also when a loaded machine makes this test's process late to see the checkpoint line.
-    iterations = 30
-    command = [
-        TORCHRUN, *launch, "--max-restarts", "1", "--monitor-interval", "0.5",
-        os.path.join(REPO_ROOT, "cleanrl", SCRIPT), *SMALL, "--total-timesteps", str(iterations * ITERATION),
-        "--checkpoint-every", "2", "--resume", "auto",
-    ]
-    process = start(command, tmp_path, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    output = []
-    reader = threading.Thread(target=lambda: output.extend(process.stdout), daemon=True)
-    reader.start()
-    try:
-        # Once the first checkpoint is written, kill -9 rank 1, whose pid the run printed.
-        deadline = time.time() + 120
-        while "checkpoint runs/" not in "".join(output):
-            assert time.time() < deadline and process.poll() is None, "".join(output)
-            time.sleep(0.05)
-        victim = int(re.search(r"rank 1/2: pid (\d+)", "".join(output))[1])
-        os.kill(victim, signal.SIGKILL)
-        process.wait(timeout=180)
-    finally:
-        stop(process)
-        reader.join(timeout=10)
-    text = "".join(output)
-    assert process.returncode == 0, text
-    # torchrun saw a worker of the first attempt fail: the killed one, or rank 0 when its collective call
-    # failed on the dead peer before torchrun polled the victim (a race) ...
-    first_pids = {int(re.search(rf"rank {r}/2: pid (\d+)", text)[1]) for r in (0, 1)}
-    failed = re.search(r"failed \(exitcode: -?\d+\) local_rank: \d \(pid: (\d+)\)", text)
-    assert failed and int(failed[1]) in first_pids and victim in first_pids, text
-    assert re.search(r"resuming \S+ from \S+iteration-\d+\.pt", text)  # ... and the restarted workers resumed
-    pids = re.findall(r"rank 1/2: pid (\d+)", text)
-    assert len(pids) == 2 and pids[0] != pids[1]
-    assert f"finished {iterations} iterations, {iterations * ITERATION} steps" in text
-    (run_dir,) = run_dirs(tmp_path)
-    scalars = read_scalars(run_dir)
-    for tag in PPO_TAGS[2:] + ["charts/world_size"]:
-        assert steps(scalars, tag) == [ITERATION * i for i in range(1, iterations + 1)], tag
-    np.testing.assert_allclose([v for _, v in scalars["charts/learning_rate"]], annealed_lr(iterations), rtol=1e-6)
-
-
-# ---------------------------------------------------------------------------------------------
-# Processes of unequal speed (--env-split measured) and nodes that join and leave (torchrun elastic)
-# ---------------------------------------------------------------------------------------------
 class Output:
     """The merged stdout and stderr of a process, read by a thread as it comes."""
 
@@ -509,6 +454,56 @@ def wait_for(condition, processes: list[subprocess.Popen], outputs: list[Output]
         time.sleep(0.1)
 
 
+@pytest.mark.parametrize(
+    "rendezvous",
+    ["c10d, store shared with the workers", "c10d, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", "static, --master-addr"],
+)
+def test_killed_worker_is_restarted_and_the_run_resumes_to_its_full_budget(tmp_path, rendezvous):
+    launch, env = TWO_PROCESSES, {}
+    if rendezvous.startswith("static"):
+        launch = ["--nnodes=1", "--nproc-per-node=2", "--master-addr=127.0.0.1", f"--master-port={free_port()}"]
+    elif rendezvous.endswith("=1"):
+        env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    # 30 iterations: the kill after the first checkpoint (iteration 2) must land before the run ends,
+    # also when a loaded machine makes this test's process late to see the checkpoint line.
+    iterations = 30
+    command = [
+        TORCHRUN, *launch, "--max-restarts", "1", "--monitor-interval", "0.5",
+        os.path.join(REPO_ROOT, "cleanrl", SCRIPT), *SMALL, "--total-timesteps", str(iterations * ITERATION),
+        "--checkpoint-every", "2", "--resume", "auto",
+    ]
+    process = start(command, tmp_path, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    output = Output(process)
+    try:
+        # Once the first checkpoint is written, kill -9 rank 1, whose pid the run printed.
+        wait_for(lambda: "checkpoint runs/" in output.text, [process], [output])
+        victim = int(re.search(r"rank 1/2: pid (\d+)", output.text)[1])
+        os.kill(victim, signal.SIGKILL)
+        process.wait(timeout=180)
+    finally:
+        stop(process)
+        output.reader.join(timeout=10)
+    text = output.text
+    assert process.returncode == 0, text
+    # torchrun saw a worker of the first attempt fail: the killed one, or rank 0 when its collective call
+    # failed on the dead peer before torchrun polled the victim (a race) ...
+    first_pids = {int(re.search(rf"rank {r}/2: pid (\d+)", text)[1]) for r in (0, 1)}
+    failed = re.search(r"failed \(exitcode: -?\d+\) local_rank: \d \(pid: (\d+)\)", text)
+    assert failed and int(failed[1]) in first_pids and victim in first_pids, text
+    assert re.search(r"resuming \S+ from \S+iteration-\d+\.pt", text)  # ... and the restarted workers resumed
+    pids = re.findall(r"rank 1/2: pid (\d+)", text)
+    assert len(pids) == 2 and pids[0] != pids[1]
+    assert f"finished {iterations} iterations, {iterations * ITERATION} steps" in text
+    (run_dir,) = run_dirs(tmp_path)
+    scalars = read_scalars(run_dir)
+    for tag in PPO_TAGS[2:] + ["charts/world_size"]:
+        assert steps(scalars, tag) == [ITERATION * i for i in range(1, iterations + 1)], tag
+    np.testing.assert_allclose([v for _, v in scalars["charts/learning_rate"]], annealed_lr(iterations), rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes of unequal speed (--env-split measured) and nodes that join and leave (torchrun elastic)
+# ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def measured_split_run(tmp_path_factory):
     """2 processes, each pinned to its own core, with two busy loops on rank 1's core: rank 1 runs at about
