@@ -8,6 +8,7 @@ rebuilds the 4-frame stacks when sampling: the default 1M transitions take 7 GB 
 Docs: docs/dqn_atari.md
 """
 
+import glob
 import os
 import queue
 import random
@@ -58,6 +59,10 @@ class Args:
     """the exploration rate of the evaluation's epsilon-greedy policy"""
     progress_interval: float = 30.0
     """seconds between plain progress lines when stderr is not a terminal (log files, Slurm, nohup)"""
+    checkpoint_every: int = 0
+    """write a resumable checkpoint (networks, optimizer, replay memory, counters) to `runs/{run_name}/checkpoints/` every this many env steps and at the end (0: never); only the newest is kept: with the default memory it is about 7 GB"""
+    resume: str | None = None
+    """a checkpoint file to continue its run from, or `auto`: the newest checkpoint in runs/ of this env_id, exp_name and seed (none: a new run)"""
 
     # Environment
     env_id: str = "BreakoutNoFrameskip-v4"
@@ -121,6 +126,8 @@ def check_args(args: Args):
             fail(f"--{name.replace('_', '-')} must lie in [0, 1], got {getattr(args, name)}")
     if not 0.0 < args.tau <= 1.0:
         fail(f"--tau must lie in (0, 1], got {args.tau}")
+    if args.checkpoint_every < 0:
+        fail(f"--checkpoint-every must be 0 (never) or positive, got {args.checkpoint_every}")
     if args.eval_checkpoint is None:
         if args.buffer_size % args.num_envs != 0:
             fail(f"--buffer-size {args.buffer_size} is not divisible by --num-envs {args.num_envs}")
@@ -350,6 +357,29 @@ class FrameReplayBuffer:
             self.pos[ended] = new_game_slots
         self.steps_added += 1
 
+    def restart(self, obs: np.ndarray):
+        """After a resume the envs start new games (obs: their first observations). The game each env
+        was playing at the checkpoint ends at its last stored observation, which has no step (as a
+        game's last frame), and the new game starts in the next slot (as after a game over)."""
+        envs = np.arange(self.num_envs)
+        self.pos = (self.pos + 1) % self.slots
+        self._write(envs, self.pos, obs[:, -1], first=True)
+
+    ARRAYS = ("frames", "actions", "rewards", "dones", "first", "valid", "pos")
+
+    def state_dict(self) -> dict:
+        """The whole memory, for a checkpoint: its arrays as tensors that share their storage (no copy)."""
+        return {**{name: torch.from_numpy(getattr(self, name)) for name in self.ARRAYS},
+                "used": self.used, "steps_added": self.steps_added}
+
+    def load_state_dict(self, state: dict):
+        for name in self.ARRAYS:
+            array, saved = getattr(self, name), state[name].numpy()
+            if saved.shape != array.shape:
+                raise ValueError(f"replay memory {name} of shape {saved.shape}, expected {array.shape}")
+            np.copyto(array, saved)
+        self.used, self.steps_added = int(state["used"]), int(state["steps_added"])
+
     def gather(self, envs: np.ndarray, slots: np.ndarray) -> dict[str, np.ndarray]:
         """The transitions stored at (envs[b], slots[b]), stacks rebuilt: obs and next_obs (batch, 4, 84, 84)."""
         window = (slots[:, None] + np.arange(-(self.stack - 1), 2)) % self.slots  # slots i-3 .. i+1
@@ -457,6 +487,67 @@ def load_model(path: str, device) -> tuple[QNetwork, dict]:
     except Exception as e:  # any unreadable or foreign file is the same user error
         fail(f"checkpoint {path!r} is not a readable {os.path.basename(__file__)} model ({type(e).__name__})")
     return q_network.to(memory_format=torch.channels_last), saved_args
+
+
+# Arguments a resumed run may change: how it is watched and saved, not what it learns.
+RESUMABLE_CHANGES = {
+    "cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_checkpoint",
+    "eval_episodes", "eval_epsilon", "progress_interval", "checkpoint_every", "resume",
+}
+
+
+def save_checkpoint(folder: str, global_step: int, num_updates: int, q_network, target_network, optimizer,
+                    rb: FrameReplayBuffer, rng: np.random.Generator, args: Args, run_name: str) -> str:
+    """Everything a resumed run needs. Written to a temporary file, synced and renamed, so a crash
+    leaves the previous checkpoint or this one, never a truncated file; then the previous one is
+    removed (with the default memory each is about 7 GB)."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"step-{global_step:09d}.pt")
+    payload = {
+        "q_network": q_network.state_dict(), "target_network": target_network.state_dict(),
+        "optimizer": optimizer.state_dict(), "replay_memory": rb.state_dict(),
+        "global_step": global_step, "num_updates": num_updates,
+        "numpy_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
+        "args": vars(args), "run_name": run_name,
+    }
+    with open(path + ".tmp", "wb") as f:
+        torch.save(payload, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+    for older in sorted(glob.glob(os.path.join(folder, "step-*.pt")))[:-1]:
+        os.remove(older)
+    return path
+
+
+def read_checkpoint(resume: str, args: Args) -> dict | None:
+    """The checkpoint `--resume` names (memory-mapped: the replay memory is read as it is copied),
+    or None when `auto` finds none. Its run's arguments must be this command's, but for
+    RESUMABLE_CHANGES."""
+    if resume == "auto":
+        run_prefix = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__"
+        found = glob.glob(os.path.join("runs", f"{glob.escape(run_prefix)}*", "checkpoints", "step-*.pt"))
+        if not found:
+            print(f"--resume auto: no checkpoint of {run_prefix}* in runs/, starting a new run")
+            return None
+        path = max(found, key=os.path.getmtime)
+        print(f"--resume auto: {path}, the newest of {len(found)} checkpoint(s) of {run_prefix}*")
+    else:
+        path = resume
+    if not os.path.isfile(path):
+        fail(f"--resume {path!r}: no such checkpoint file (pass a runs/*/checkpoints/step-*.pt file or auto)")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        payload["global_step"], payload["replay_memory"]["frames"], payload["numpy_rng"], payload["run_name"]
+        saved_args = dict(payload["args"])
+    except Exception as e:  # an unreadable file, or a saved model instead of a checkpoint
+        fail(f"--resume {path!r} is not a readable {os.path.basename(__file__)} checkpoint ({type(e).__name__})")
+    for name, value in vars(args).items():
+        if name not in RESUMABLE_CHANGES and saved_args.get(name) != value:
+            fail(f"--resume: the checkpoint's run has {name}={saved_args.get(name)!r}, this command {value!r}: "
+                 "resume with the run's arguments")
+    payload["path"] = path
+    return payload
 
 
 def epsilon_greedy(q_network: QNetwork, obs: np.ndarray, epsilon: float, rng: np.random.Generator, device) -> np.ndarray:
@@ -578,6 +669,9 @@ def main(args: Args):
         writer.close()
         return
 
+    checkpoint = read_checkpoint(args.resume, args) if args.resume is not None else None
+    if checkpoint is not None:
+        run_name = checkpoint["run_name"]  # a resumed run goes on in its own directory
     if args.track:
         import wandb
 
@@ -587,13 +681,17 @@ def main(args: Args):
             sync_tensorboard=True,
             config=vars(args),
             name=run_name,
+            id=run_name,  # a resumed run continues the same wandb run
+            resume="allow",
             save_code=True,
         )
-    writer = SummaryWriter(f"runs/{run_name}")
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
-    )
+    # A resumed run hides whatever the interrupted one logged after its checkpoint: no step twice.
+    writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
+    if checkpoint is None:
+        writer.add_text(
+            "hyperparameters",
+            "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+        )
 
     envs = make_envs(args.env_id, args.num_envs, args.repeat_action_probability, args.max_episode_steps)
     num_actions = int(envs.single_action_space.n)
@@ -606,25 +704,43 @@ def main(args: Args):
 
     rb = FrameReplayBuffer(args.buffer_size, args.num_envs)
     rng = np.random.default_rng(args.seed)
-    obs, info = envs.reset(seed=args.seed)
-    rb.start(obs)
+    global_step, num_updates = 0, 0
+    if checkpoint is None:
+        obs, info = envs.reset(seed=args.seed)
+        rb.start(obs)
+    else:
+        q_network.load_state_dict(checkpoint["q_network"])
+        target_network.load_state_dict(checkpoint["target_network"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        rb.load_state_dict(checkpoint["replay_memory"])
+        rng.bit_generator.state = checkpoint["numpy_rng"]
+        torch.set_rng_state(checkpoint["torch_rng"])
+        global_step, num_updates = checkpoint["global_step"], checkpoint["num_updates"]
+        # The games in progress at the checkpoint are not in it (nor logged): each env starts a new
+        # game, on seeds this run has not used (seed + global_step onwards), and the memory ends the
+        # old games where they were stored.
+        obs, info = envs.reset(seed=args.seed + global_step)
+        rb.restart(obs)
+        print(f"resumed {run_name} at step {global_step:,} ({num_updates:,} updates) from {checkpoint['path']}",
+              flush=True)
+        del checkpoint  # the memory-mapped file: its pages were copied into the memory
     lives = info["lives"].copy()
     episode_stats = EpisodeStatistics(args.num_envs)
     recent_returns = deque(maxlen=20)
     if args.capture_video:
+        # env 0's shadow gets env 0's seed; a resumed run's videos go to a folder of their own
         video = VideoRecorder(
-            f"videos/{run_name}", args.env_id, args.seed, args.repeat_action_probability, args.max_episode_steps,
-            track=args.track,
+            f"videos/{run_name}" + (f"-from-step-{global_step}" if global_step else ""), args.env_id,
+            args.seed + global_step, args.repeat_action_probability, args.max_episode_steps, track=args.track,
         )
     num_vector_steps = args.total_timesteps // args.num_envs
     total_steps = num_vector_steps * args.num_envs
     progress = Progress(total_steps, args.progress_interval)
     exploration_steps = args.exploration_fraction * args.total_timesteps
-    global_step, num_updates = 0, 0
     window_loss, window_q, window_updates = 0.0, 0.0, 0  # the updates since the last log point
-    start_time = time.time()
+    start_time, start_step, sps = time.time(), global_step, 0
 
-    for _ in range(num_vector_steps):
+    for _ in range(global_step // args.num_envs, num_vector_steps):
         epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
         actions = epsilon_greedy(q_network, obs, epsilon, rng, device)
         next_obs, reward, terminated, truncated, info = envs.step(actions)
@@ -669,7 +785,7 @@ def main(args: Args):
         previous_step, global_step = global_step, global_step + args.num_envs
 
         if global_step // LOG_EVERY > previous_step // LOG_EVERY or global_step == total_steps:
-            sps = int(global_step / (time.time() - start_time))
+            sps = int((global_step - start_step) / (time.time() - start_time))
             writer.add_scalar("charts/SPS", sps, global_step)
             writer.add_scalar("charts/epsilon", epsilon, global_step)
             if window_updates:
@@ -677,6 +793,14 @@ def main(args: Args):
                 writer.add_scalar("losses/q_values", window_q / window_updates, global_step)
                 window_loss, window_q, window_updates = 0.0, 0.0, 0
             progress.show(global_step, sps, recent_returns)
+
+        if args.checkpoint_every and (
+            global_step // args.checkpoint_every > previous_step // args.checkpoint_every or global_step == total_steps
+        ):
+            writer.flush()  # everything up to this checkpoint is on disk before it counts
+            path = save_checkpoint(f"runs/{run_name}/checkpoints", global_step, num_updates, q_network, target_network,
+                                   optimizer, rb, rng, args, run_name)
+            print(f"checkpoint {path}", flush=True)
 
     progress.close()
     envs.close()

@@ -2,6 +2,7 @@
 
 import glob
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,7 +11,7 @@ import torch
 from common import (
     DQN_TAGS, assert_corrupt_checkpoint_rejected, assert_evaluation_printed, assert_linear_epsilon_schedule,
     assert_progress_lines_off_a_terminal, assert_target_update_copies_or_averages, assert_td_target_matches_reference,
-    assert_user_error, assert_videos_show_whole_games_of_env_0, capped_cubic_games, read_scalars, recording_make_envs,
+    assert_main_fails_with, assert_user_error, assert_videos_show_whole_games_of_env_0, capped_cubic_games, read_scalars, recording_make_envs,
     run_dirs, run_script,
 )
 
@@ -333,3 +334,91 @@ def test_bad_sizes_and_rates_are_rejected_with_a_message_naming_the_flag(overrid
 
 def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):
     assert_corrupt_checkpoint_rejected("dqn_atari.py", tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints and resume
+# ---------------------------------------------------------------------------------------------
+def test_the_memory_survives_a_checkpoint_and_a_resumed_run_starts_new_games_in_it(played, tmp_path):
+    path = str(tmp_path / "memory.pt")
+    torch.save(played.rb.state_dict(), path)
+    loaded = dqn_atari.FrameReplayBuffer(NUM_ENVS * SLOTS_PER_ENV, NUM_ENVS)
+    loaded.load_state_dict(torch.load(path, weights_only=True, mmap=True))
+    for name in dqn_atari.FrameReplayBuffer.ARRAYS:
+        np.testing.assert_array_equal(getattr(loaded, name), getattr(played.rb, name))
+    batch, again = (rb.sample(64, np.random.default_rng(3), "cpu") for rb in (played.rb, loaded))
+    for name in batch:
+        torch.testing.assert_close(again[name], batch[name])
+
+    # resumed: each env's new game starts in the slot after its last stored observation
+    valid_before, last = loaded.valid.copy(), loaded.pos.copy()
+    new_game = np.zeros((NUM_ENVS, 4, 84, 84), dtype=np.uint8)
+    new_game[:, -1] = 7
+    loaded.restart(new_game)
+    assert (loaded.pos == (last + 1) % loaded.slots).all()
+    envs = np.arange(NUM_ENVS)
+    assert loaded.first[envs, loaded.pos].all() and (loaded.frames[envs, loaded.pos] == 7).all()
+    assert not loaded.valid[envs, last].any(), "the last observation before the checkpoint has no step"
+    # only the stacks that reached into the overwritten slot are lost
+    assert 0 <= valid_before.sum() - loaded.valid.sum() <= NUM_ENVS * 4
+    loaded.add(np.zeros(NUM_ENVS), np.zeros(NUM_ENVS), np.zeros(NUM_ENVS, bool), new_game, None, np.zeros(NUM_ENVS, bool))
+    step = loaded.gather(envs, (loaded.pos - 1) % loaded.slots)
+    np.testing.assert_array_equal(step["obs"], new_game), "the new game's stack is zero-padded, not the old game's"
+
+
+class CutOff(Exception):
+    """The machine went away."""
+
+
+class FlushingWriter(dqn_atari.SummaryWriter):
+    """Every event reaches the disk at once: what a run logged after its checkpoint is there to hide."""
+
+    def add_scalar(self, *args, **kwargs):
+        super().add_scalar(*args, **kwargs)
+        self.flush()
+
+
+def test_a_resumed_run_goes_on_in_its_directory_with_each_step_logged_once(tmp_path, monkeypatch, capsys):
+    # 800 steps, updates from step 200 every 4 steps, a checkpoint every 400; the first attempt is
+    # cut off at step 500, after its checkpoint at 400 and 100 steps logged past it.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(dqn_atari, "SummaryWriter", FlushingWriter)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    show = dqn_atari.Progress.show
+
+    def cut_off_at_500(self, global_step, sps, recent_returns):
+        show(self, global_step, sps, recent_returns)
+        if global_step == 500:
+            raise CutOff()
+
+    args = dict(total_timesteps=800, learning_starts=200, buffer_size=2000, end_e=0.5, checkpoint_every=400, cuda=False)
+    try:
+        monkeypatch.setattr(dqn_atari.Progress, "show", cut_off_at_500)
+        with pytest.raises(CutOff):
+            dqn_atari.main(dqn_atari.Args(**args))
+        monkeypatch.setattr(dqn_atari.Progress, "show", show)
+        dqn_atari.main(dqn_atari.Args(**args, resume="auto"))
+        output = capsys.readouterr().out
+        assert re.search(r"resumed \S+ at step 400 \(50 updates\) from runs/\S+/checkpoints/step-000000400\.pt", output)
+        assert "finished 800 steps and 150 updates" in output
+
+        (run_dir,) = run_dirs(tmp_path)
+        scalars = read_scalars(run_dir)
+        for tag in ("charts/SPS", "charts/epsilon"):
+            assert [step for step, _ in scalars[tag]] == list(range(100, 801, 100)), tag
+        assert [step for step, _ in scalars["losses/td_loss"]] == list(range(300, 801, 100))
+        epsilon_schedule = [dqn_atari.linear_schedule(1.0, 0.5, 80, step - 1) for step in range(100, 801, 100)]
+        np.testing.assert_allclose([value for _, value in scalars["charts/epsilon"]], epsilon_schedule)
+        game_steps = [step for step, _ in scalars["charts/episodic_return"]]
+        assert game_steps == sorted(set(game_steps)), "every game once, none from the cut-off attempt past 400"
+        assert os.listdir(os.path.join(run_dir, "checkpoints")) == ["step-000000800.pt"], "only the newest is kept"
+
+        # a checkpoint continues only the run it was written by
+        checkpoint = os.path.join(run_dir, "checkpoints", "step-000000800.pt")
+        assert_main_fails_with(dqn_atari.main, dqn_atari.Args(**{**args, "learning_rate": 3e-4}, resume=checkpoint),
+                               "the checkpoint's run has learning_rate=0.0001, this command 0.0003")
+        assert_main_fails_with(dqn_atari.main, dqn_atari.Args(**args, resume="nothing.pt"),
+                               "--resume 'nothing.pt': no such checkpoint file")
+    finally:
+        torch.set_num_threads(threads)
