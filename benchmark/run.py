@@ -34,7 +34,9 @@ in sessions of their own. A second Ctrl-C kills them at once.
 --skip-done makes a study resumable: run its command again after a crash, a reboot or the end of a
 time-limited session, and only the runs that did not finish run (each run's log ends with the
 runner's `# exit STATUS after ...` line); the TensorBoard directories of their cut-off attempts are
-moved to LOG_DIR/incomplete_runs/ first, so that plots count every seed once.
+moved to LOG_DIR/incomplete_runs/ first, so that plots count every seed once. A command with
+`--resume` (e.g. `--checkpoint-every N --resume auto`) goes on from its checkpoint in its own
+directory instead: nothing of it is set aside.
 
 --slurm renders benchmark/slurm_template.sh into LOG_DIR/{job_name}.sbatch (one array task per
 command x env id x seed; --workers, when given, caps how many run at once), prints it, and submits
@@ -75,6 +77,7 @@ class Run:
     name: str
     command: str  # the shell line: the user's command with --env-id and --seed appended
     processes: int  # processes the command starts (torchrun's --nproc-per-node)
+    resumes: bool = False  # the command has --resume: a restart continues the run's own directory
     state: str = "queued"  # queued, running, done, failed, stopped
     process: subprocess.Popen | None = None
     log_path: str = ""
@@ -148,6 +151,7 @@ def make_runs(commands: list[str], env_ids: list[str], seeds: list[int]) -> list
                     name=f"{env_id.replace('/', '_')}__{exp_name}__{seed}",
                     command=f"{command} --env-id {shlex.quote(env_id)} --seed {seed}",
                     processes=processes_of(tokens),
+                    resumes=option_value(tokens, "--resume") is not None,
                 ))
     names = [run.name for run in runs]
     duplicates = sorted({name for name in names if names.count(name) > 1})
@@ -412,7 +416,7 @@ def run_locally(runs: list[Run], workers: int, log_dir: str, status_interval: fl
         for run in runs:
             if finished_before(run, log_dir):
                 run.state = "skipped"
-            else:
+            elif not run.resumes:  # a run with --resume goes on from its checkpoint, in its directory
                 for path in set_aside_earlier_attempts(run, log_dir):
                     display.message(f"set aside the unfinished attempt {path}")
         skipped = [run.name for run in runs if run.state == "skipped"]

@@ -19,6 +19,7 @@ parser.add_argument("--spawn-helper", action="store_true",
 parser.add_argument("--ignore-sigint", action="store_true", help="a run stuck in native code")
 parser.add_argument("--tensorboard", action="store_true",
                     help="make the run's directory as the scripts do, runs/{env_id}__fake_train__{seed}__{time}")
+parser.add_argument("--resume", help="accepted as the scripts accept it; a fake run has nothing to resume")
 args = parser.parse_args()
 
 if args.ignore_sigint:

@@ -176,6 +176,15 @@ def test_skip_done_runs_only_what_did_not_finish_and_sets_cut_off_attempts_aside
     assert dry.stdout.startswith("# done earlier, skipped:")
 
 
+def test_skip_done_leaves_the_directory_of_a_run_that_resumes_itself(tmp_path):
+    # a script with --resume auto goes on from the checkpoint in its run directory: moving it would restart the run
+    (tmp_path / "runs" / "Pong__fake_train__1__1700000000").mkdir(parents=True)
+    result = runner("--env-ids", "Pong", "--skip-done", "--command", f"{FAKE} --resume auto", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "runs" / "Pong__fake_train__1__1700000000").is_dir()
+    assert not (tmp_path / "logs" / "incomplete_runs").exists()
+
+
 @pytest.mark.parametrize(
     "arguments, fragment",
     [
