@@ -59,6 +59,21 @@ def script_fields(command: list[str]) -> tuple[str, set[str]]:
     return script, fields
 
 
+def counts_checkpoints_in_iterations(script: str) -> bool:
+    """Whether the script's `checkpoint_every` counts iterations (the PPO scripts) rather than env
+    steps (dqn_atari.py), from the field's description in its `Args`."""
+    path = script if os.path.isabs(script) else os.path.join(REPO_ROOT, script)
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    for cls in tree.body:
+        if isinstance(cls, ast.ClassDef) and cls.name == "Args":
+            for field, doc in zip(cls.body, cls.body[1:]):
+                if isinstance(field, ast.AnnAssign) and getattr(field.target, "id", None) == "checkpoint_every":
+                    text = doc.value.value if isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) else ""
+                    return "iteration" in str(text)
+    return False
+
+
 def flag_value(command: list[str], field: str) -> str | None:
     """The value the command gives a field's flag (`--total-timesteps N` or `--total-timesteps=N`), if any."""
     flags = {"--" + field.replace("_", "-"), "--" + field}
@@ -212,6 +227,10 @@ def main():
     check_sweep_id(cli.sweep_id)
     if cli.checkpoint_every > 0 and not {"checkpoint_every", "resume"} <= fields:
         print(f"note: {script} has no --checkpoint-every/--resume: a retried attempt starts its run over", flush=True)
+    elif (cli.checkpoint_every > 0 and not has_flag(command, "checkpoint_every")
+          and not counts_checkpoints_in_iterations(script)):
+        fail(f"{script} counts --checkpoint-every in env steps, not iterations: give it in --command (e.g. "
+             "--checkpoint-every 250000), or pass --checkpoint-every 0 for no checkpoints")
 
     submit_requests = requests(cli, command, fields)
     validate_requests(submit_requests)

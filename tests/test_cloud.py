@@ -322,6 +322,22 @@ def test_scripts_without_checkpoints_get_no_resume_flags():
     assert command == ["python", "cleanrl/ppo_atari.py", "--env-id", "Pong-v5", "--seed", "3", "--exp-name", "s"]
 
 
+def test_a_script_that_checkpoints_every_n_env_steps_gets_its_interval_from_the_command():
+    # dqn_atari.py counts env steps: the sweep's interval in iterations (50) would mean a 7 GB checkpoint every 50 steps
+    assert submit.counts_checkpoints_in_iterations("cleanrl/ppo_atari_multigpu.py")
+    assert not submit.counts_checkpoints_in_iterations("cleanrl/dqn_atari.py")
+    env = clean_aws_environment(AWS_ENDPOINT_URL="http://127.0.0.1:9")
+    result = run_tool("submit", "--env-ids", "Pong-v5", "--command", "python cleanrl/dqn_atari.py", "--dry-run", env=env)
+    assert_user_error(result, "counts --checkpoint-every in env steps", "--checkpoint-every 250000")
+    result = run_tool("submit", "--env-ids", "Pong-v5", "--command", "python cleanrl/dqn_atari.py --checkpoint-every 250000",
+                      "--dry-run", env=env)
+    assert result.returncode == 0, result.stderr
+    (request,) = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    command = request["containerOverrides"]["command"]
+    assert command[command.index("--checkpoint-every") + 1] == "250000" and command.count("--checkpoint-every") == 1
+    assert command[command.index("--resume") + 1] == "auto"
+
+
 def test_flags_of_the_command_are_kept_not_doubled():
     base = ["python", "cleanrl/ppo_atari_multigpu.py", "--exp-name", "mine", "--checkpoint-every=5"]
     _, fields = submit.script_fields(base)
