@@ -2,7 +2,7 @@
 # The dqn_atari.py learning result of docs/benchmarks.md: Breakout, 1M steps, seed 1, epsilon decaying
 # over the whole run (--exploration-fraction 1.0: 1M steps is early in DQN's 10M schedule). About
 # 3 hours on the project's 2-core CPU (70-90 SPS with the runner's 2 threads), more than one of its
-# sessions: the run writes a checkpoint every 100,000 steps (about 7 GB, the replay memory) and
+# sessions: the run writes a checkpoint every 100,000 steps (0.7-7 GB, the replay memory) and
 # `--resume auto` continues it, so run this again until it prints the result.
 #
 #     bash benchmark/dqn_atari_1m.sh       # from anywhere; writes benchmark/results/dqn_atari_1m/

@@ -60,7 +60,7 @@ class Args:
     progress_interval: float = 30.0
     """seconds between plain progress lines when stderr is not a terminal (log files, Slurm, nohup)"""
     checkpoint_every: int = 0
-    """write a resumable checkpoint (networks, optimizer, replay memory, counters) to `runs/{run_name}/checkpoints/` every this many env steps and at the end (0: never); only the newest is kept: with the default memory it is about 7 GB"""
+    """write a resumable checkpoint (networks, optimizer, replay memory, counters) to `runs/{run_name}/checkpoints/` every this many env steps and at the end (0: never); only the newest is kept: it holds the memory's frames written so far, up to 7 GB"""
     resume: str | None = None
     """a checkpoint file to continue its run from, or `auto`: the newest checkpoint in runs/ of this env_id, exp_name and seed (none: a new run)"""
 
@@ -365,20 +365,23 @@ class FrameReplayBuffer:
         self.pos = (self.pos + 1) % self.slots
         self._write(envs, self.pos, obs[:, -1], first=True)
 
-    ARRAYS = ("frames", "actions", "rewards", "dones", "first", "valid", "pos")
+    SLOT_ARRAYS = ("frames", "actions", "rewards", "dones", "first", "valid")  # (num_envs, slots, ...)
 
     def state_dict(self) -> dict:
-        """The whole memory, for a checkpoint: its arrays as tensors that share their storage (no copy)."""
-        return {**{name: torch.from_numpy(getattr(self, name)) for name in self.ARRAYS},
-                "used": self.used, "steps_added": self.steps_added}
+        """The memory for a checkpoint: the written slots of its arrays (a run's first checkpoints are
+        a fraction of the full 7 GB), as tensors that share their storage (no copy)."""
+        slots = {name: torch.from_numpy(getattr(self, name)[:, : self.used]) for name in self.SLOT_ARRAYS}
+        return {**slots, "pos": torch.from_numpy(self.pos), "used": self.used, "steps_added": self.steps_added}
 
     def load_state_dict(self, state: dict):
-        for name in self.ARRAYS:
+        used = int(state["used"])
+        for name in self.SLOT_ARRAYS:
             array, saved = getattr(self, name), state[name].numpy()
-            if saved.shape != array.shape:
-                raise ValueError(f"replay memory {name} of shape {saved.shape}, expected {array.shape}")
-            np.copyto(array, saved)
-        self.used, self.steps_added = int(state["used"]), int(state["steps_added"])
+            if saved.shape != (self.num_envs, used, *array.shape[2:]) or used > self.slots:
+                raise ValueError(f"replay memory {name} of shape {saved.shape} does not fit {array.shape}")
+            array[:, :used] = saved
+        self.pos[:] = state["pos"].numpy()
+        self.used, self.steps_added = used, int(state["steps_added"])
 
     def gather(self, envs: np.ndarray, slots: np.ndarray) -> dict[str, np.ndarray]:
         """The transitions stored at (envs[b], slots[b]), stacks rebuilt: obs and next_obs (batch, 4, 84, 84)."""
@@ -500,7 +503,7 @@ def save_checkpoint(folder: str, global_step: int, num_updates: int, q_network, 
                     rb: FrameReplayBuffer, rng: np.random.Generator, args: Args, run_name: str) -> str:
     """Everything a resumed run needs. Written to a temporary file, synced and renamed, so a crash
     leaves the previous checkpoint or this one, never a truncated file; then the previous one is
-    removed (with the default memory each is about 7 GB)."""
+    removed (each holds the memory's frames written so far: up to 7 GB with the default memory)."""
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"step-{global_step:09d}.pt")
     payload = {
