@@ -36,7 +36,7 @@ time-limited session, and only the runs that did not finish run (each run's log 
 runner's `# exit STATUS after ...` line); the TensorBoard directories of their cut-off attempts are
 moved to LOG_DIR/incomplete_runs/ first, so that plots count every seed once. A command with
 `--resume` (e.g. `--checkpoint-every N --resume auto`) goes on from its checkpoint in its own
-directory instead: nothing of it is set aside.
+directory instead: nothing of it is set aside, and each attempt is added to its log.
 
 --slurm renders benchmark/slurm_template.sh into LOG_DIR/{job_name}.sbatch (one array task per
 command x env id x seed; --workers, when given, caps how many run at once), prints it, and submits
@@ -203,7 +203,9 @@ def still_alive(known: set[tuple[int, int]]) -> set[tuple[int, int]]:
 
 def start(run: Run, log_dir: str, threads: int):
     run.log_path = os.path.join(log_dir, f"{run.name}.log")
-    with open(run.log_path, "w") as log:
+    # A run that resumes itself keeps the log of its earlier attempts (their checkpoints, a
+    # traceback) and adds this one's; --skip-done reads the first and the last line.
+    with open(run.log_path, "a" if run.resumes else "w") as log:
         log.write(f"# {run.command}\n# OMP_NUM_THREADS={threads}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         log.flush()
         run.log_offset = log.tell()

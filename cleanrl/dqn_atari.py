@@ -8,7 +8,10 @@ rebuilds the 4-frame stacks when sampling: the default 1M transitions take 7 GB 
 Docs: docs/dqn_atari.md
 """
 
+import copy
+import fcntl
 import glob
+import hashlib
 import os
 import queue
 import random
@@ -499,8 +502,29 @@ RESUMABLE_CHANGES = {
 }
 
 
+def script_digest() -> str:
+    """The SHA-256 of this file: a resumed run says when the code changed since its checkpoint."""
+    with open(__file__, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def lock_run(folder: str):
+    """Holds the run's checkpoint folder for this process, as long as the returned file stays open:
+    a second process resuming the same run (a job started twice, a trainer that outlived its
+    runner) would log every step twice and remove the other's checkpoints."""
+    os.makedirs(folder, exist_ok=True)
+    lock = open(os.path.join(folder, "lock"), "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        fail(f"{folder} is in use: another process is running this run (stop it, or wait for it to end)")
+    return lock
+
+
 def save_checkpoint(folder: str, global_step: int, num_updates: int, q_network, target_network, optimizer,
-                    rb: FrameReplayBuffer, rng: np.random.Generator, args: Args, run_name: str) -> str:
+                    rb: FrameReplayBuffer, rng: np.random.Generator, recent_returns: deque, args: Args,
+                    run_name: str) -> str:
     """Everything a resumed run needs. Written to a temporary file, synced and renamed, so a crash
     leaves the previous checkpoint or this one, never a truncated file; then the previous one is
     removed (each holds the memory's frames written so far: up to 7 GB with the default memory)."""
@@ -511,7 +535,8 @@ def save_checkpoint(folder: str, global_step: int, num_updates: int, q_network, 
         "optimizer": optimizer.state_dict(), "replay_memory": rb.state_dict(),
         "global_step": global_step, "num_updates": num_updates,
         "numpy_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
-        "args": vars(args), "run_name": run_name,
+        "recent_returns": list(recent_returns), "args": vars(args), "run_name": run_name,
+        "script_sha256": script_digest(),
     }
     with open(path + ".tmp", "wb") as f:
         torch.save(payload, f)
@@ -551,6 +576,22 @@ def read_checkpoint(resume: str, args: Args) -> dict | None:
                  "resume with the run's arguments")
     payload["path"] = path
     return payload
+
+
+def restore_checkpoint(checkpoint: dict, q_network, target_network, optimizer, rb: FrameReplayBuffer,
+                       rng: np.random.Generator, recent_returns: deque) -> tuple[int, int]:
+    """Puts what read_checkpoint() read back into the run; returns (global_step, num_updates).
+    Everything is copied out of the memory-mapped file, so that its disk space is freed when the
+    next checkpoint removes it: Adam's load_state_dict alone would keep the mapped tensors."""
+    q_network.load_state_dict(checkpoint["q_network"])
+    target_network.load_state_dict(checkpoint["target_network"])
+    optimizer.load_state_dict(copy.deepcopy(checkpoint["optimizer"]))
+    rb.load_state_dict(checkpoint["replay_memory"])
+    rng.bit_generator.state = checkpoint["numpy_rng"]
+    torch.set_rng_state(checkpoint["torch_rng"])
+    # for the progress lines only; a checkpoint of an earlier version of this file has none
+    recent_returns.extend(checkpoint.get("recent_returns", ()))
+    return checkpoint["global_step"], checkpoint["num_updates"]
 
 
 def epsilon_greedy(q_network: QNetwork, obs: np.ndarray, epsilon: float, rng: np.random.Generator, device) -> np.ndarray:
@@ -675,6 +716,7 @@ def main(args: Args):
     checkpoint = read_checkpoint(args.resume, args) if args.resume is not None else None
     if checkpoint is not None:
         run_name = checkpoint["run_name"]  # a resumed run goes on in its own directory
+    run_lock = lock_run(f"runs/{run_name}/checkpoints") if args.checkpoint_every or checkpoint else None
     if args.track:
         import wandb
 
@@ -707,18 +749,15 @@ def main(args: Args):
 
     rb = FrameReplayBuffer(args.buffer_size, args.num_envs)
     rng = np.random.default_rng(args.seed)
+    recent_returns = deque(maxlen=20)
     global_step, num_updates = 0, 0
     if checkpoint is None:
         obs, info = envs.reset(seed=args.seed)
         rb.start(obs)
     else:
-        q_network.load_state_dict(checkpoint["q_network"])
-        target_network.load_state_dict(checkpoint["target_network"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        rb.load_state_dict(checkpoint["replay_memory"])
-        rng.bit_generator.state = checkpoint["numpy_rng"]
-        torch.set_rng_state(checkpoint["torch_rng"])
-        global_step, num_updates = checkpoint["global_step"], checkpoint["num_updates"]
+        global_step, num_updates = restore_checkpoint(
+            checkpoint, q_network, target_network, optimizer, rb, rng, recent_returns
+        )
         # The games in progress at the checkpoint are not in it (nor logged): each env starts a new
         # game, on seeds this run has not used (seed + global_step onwards), and the memory ends the
         # old games where they were stored.
@@ -726,10 +765,12 @@ def main(args: Args):
         rb.restart(obs)
         print(f"resumed {run_name} at step {global_step:,} ({num_updates:,} updates) from {checkpoint['path']}",
               flush=True)
-        del checkpoint  # the memory-mapped file: its pages were copied into the memory
+        if checkpoint.get("script_sha256", script_digest()) != script_digest():
+            print(f"warning: {os.path.basename(__file__)} has changed since the checkpoint was written: "
+                  "the run goes on with the code as it is now", flush=True)
+        del checkpoint  # the memory-mapped file: everything was copied out of it
     lives = info["lives"].copy()
     episode_stats = EpisodeStatistics(args.num_envs)
-    recent_returns = deque(maxlen=20)
     if args.capture_video:
         # env 0's shadow gets env 0's seed; a resumed run's videos go to a folder of their own
         video = VideoRecorder(
@@ -802,7 +843,7 @@ def main(args: Args):
         ):
             writer.flush()  # everything up to this checkpoint is on disk before it counts
             path = save_checkpoint(f"runs/{run_name}/checkpoints", global_step, num_updates, q_network, target_network,
-                                   optimizer, rb, rng, args, run_name)
+                                   optimizer, rb, rng, recent_returns, args, run_name)
             print(f"checkpoint {path}", flush=True)
 
     progress.close()
@@ -821,6 +862,8 @@ def main(args: Args):
         print(f"model saved to {model_path}")
         run_evaluation(args, device, writer, run_name, q_network, args.env_id)
     writer.close()
+    if run_lock is not None:
+        run_lock.close()
 
 
 if __name__ == "__main__":

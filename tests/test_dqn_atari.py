@@ -1,5 +1,7 @@
 """Specification of cleanrl/dqn_atari.py."""
 
+import copy
+import gc
 import glob
 import os
 import re
@@ -392,14 +394,53 @@ def test_a_resumed_run_goes_on_in_its_directory_with_each_step_logged_once(tmp_p
         if global_step == 500:
             raise CutOff()
 
+    # What the first attempt saved at 400 (copies), and what the resumed one made of it.
+    save, restore, saved, mapped_after_removal = dqn_atari.save_checkpoint, dqn_atari.restore_checkpoint, {}, []
+
+    def save_and_keep_a_copy(folder, global_step, num_updates, q_network, target_network, optimizer, rb, rng,
+                             recent_returns, *rest):
+        path = save(folder, global_step, num_updates, q_network, target_network, optimizer, rb, rng, recent_returns,
+                    *rest)
+        if global_step == 400:
+            saved.update(q_network=copy.deepcopy(q_network.state_dict()), optimizer=copy.deepcopy(optimizer.state_dict()),
+                         rng=copy.deepcopy(rng.bit_generator.state), recent_returns=list(recent_returns))
+        else:  # the resumed attempt has just removed the checkpoint it was resumed from
+            gc.collect()
+            with open("/proc/self/maps") as maps:
+                mapped_after_removal.extend(line for line in maps if "step-000000400.pt" in line)
+        return path
+
+    def restore_and_compare(checkpoint, q_network, target_network, optimizer, rb, rng, recent_returns):
+        steps = restore(checkpoint, q_network, target_network, optimizer, rb, rng, recent_returns)
+        if checkpoint["global_step"] != 400:
+            return steps
+        for name, value in saved["q_network"].items():
+            torch.testing.assert_close(q_network.state_dict()[name], value)
+        restored_adam = optimizer.state_dict()
+        for index, state in saved["optimizer"]["state"].items():
+            for name, value in state.items():
+                torch.testing.assert_close(restored_adam["state"][index][name], value)
+        assert rng.bit_generator.state == saved["rng"] and list(recent_returns) == saved["recent_returns"]
+        return steps
+
+    monkeypatch.setattr(dqn_atari, "save_checkpoint", save_and_keep_a_copy)
+    monkeypatch.setattr(dqn_atari, "restore_checkpoint", restore_and_compare)
     args = dict(total_timesteps=800, learning_starts=200, buffer_size=2000, end_e=0.5, checkpoint_every=400, cuda=False)
     try:
         monkeypatch.setattr(dqn_atari.Progress, "show", cut_off_at_500)
         with pytest.raises(CutOff):
             dqn_atari.main(dqn_atari.Args(**args))
         monkeypatch.setattr(dqn_atari.Progress, "show", show)
+        assert saved["optimizer"]["state"], "the checkpoint at 400 holds Adam's moments (50 updates)"
+        (run_dir,) = run_dirs(tmp_path)
+        # a process that is still running the run keeps a second one from resuming it
+        lock = dqn_atari.lock_run(os.path.join(run_dir, "checkpoints"))
+        assert_main_fails_with(dqn_atari.main, dqn_atari.Args(**args, resume="auto"), "checkpoints is in use")
+        lock.close()
         dqn_atari.main(dqn_atari.Args(**args, resume="auto"))
         output = capsys.readouterr().out
+        assert mapped_after_removal == [], "the removed checkpoint's disk space is held by the resumed run"
+        assert "has changed since the checkpoint" not in output
         assert re.search(r"resumed \S+ at step 400 \(50 updates\) from runs/\S+/checkpoints/step-000000400\.pt", output)
         assert "finished 800 steps and 150 updates" in output
 
@@ -412,7 +453,15 @@ def test_a_resumed_run_goes_on_in_its_directory_with_each_step_logged_once(tmp_p
         np.testing.assert_allclose([value for _, value in scalars["charts/epsilon"]], epsilon_schedule)
         game_steps = [step for step, _ in scalars["charts/episodic_return"]]
         assert game_steps == sorted(set(game_steps)), "every game once, none from the cut-off attempt past 400"
-        assert os.listdir(os.path.join(run_dir, "checkpoints")) == ["step-000000800.pt"], "only the newest is kept"
+        assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["lock", "step-000000800.pt"], \
+            "only the newest checkpoint is kept"
+
+        # resumed from its last checkpoint, the run ends at once; a script changed since is named
+        monkeypatch.setattr(dqn_atari, "script_digest", lambda: "another version of the file")
+        dqn_atari.main(dqn_atari.Args(**args, resume="auto"))
+        output = capsys.readouterr().out
+        assert "finished 800 steps and 150 updates" in output
+        assert "warning: dqn_atari.py has changed since the checkpoint was written" in output
 
         # a checkpoint continues only the run it was written by
         checkpoint = os.path.join(run_dir, "checkpoints", "step-000000800.pt")

@@ -179,10 +179,20 @@ def test_skip_done_runs_only_what_did_not_finish_and_sets_cut_off_attempts_aside
 def test_skip_done_leaves_the_directory_of_a_run_that_resumes_itself(tmp_path):
     # a script with --resume auto goes on from the checkpoint in its run directory: moving it would restart the run
     (tmp_path / "runs" / "Pong__fake_train__1__1700000000").mkdir(parents=True)
-    result = runner("--env-ids", "Pong", "--skip-done", "--command", f"{FAKE} --resume auto", cwd=tmp_path)
+    command = f"{FAKE} --resume auto"
+    cut_off = f"# {command} --env-id Pong --seed 1\n# OMP_NUM_THREADS=2, started 2026-12-01 10:00:00\ncheckpoint at 400\n"
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "Pong__fake_train__1.log").write_text(cut_off)
+    result = runner("--env-ids", "Pong", "--skip-done", "--command", command, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "runs" / "Pong__fake_train__1__1700000000").is_dir()
     assert not (tmp_path / "logs" / "incomplete_runs").exists()
+    # its log holds both attempts, and counts as done
+    log = (tmp_path / "logs" / "Pong__fake_train__1.log").read_text()
+    assert log.startswith(cut_off) and log.count(f"# {command} --env-id Pong --seed 1\n") == 2
+    assert log.splitlines()[-1].startswith("# exit 0 after ")
+    again = runner("--env-ids", "Pong", "--skip-done", "--command", command, cwd=tmp_path)
+    assert "skipping 1 run(s) done earlier" in again.stdout
 
 
 @pytest.mark.parametrize(
