@@ -9,7 +9,8 @@ script) and seed from its hyperparameters text, else from its directory name
 `{env_id}__{exp_name}__{seed}__{timestamp}`, and groups the runs by env id and script. It writes
   returns_vs_steps.png, returns_vs_time.png: one panel per env id, one line per script: the mean
       over seeds of each run's running mean of its last --window episodic returns, against the
-      global step and against the wall-clock time since the run started, with a band of +- one
+      global step and against the wall-clock time since the run started (for a resumed run, the
+      time it ran: the pauses between its attempts left out), with a band of +- one
       standard deviation over seeds (with one seed, no band);
   results.md: per env id and script, the final return (each run's mean of its last --window
       episodic returns; the mean and the standard deviation of those over the seeds) and the median
@@ -44,6 +45,7 @@ matplotlib.use("Agg")  # files only: no display needed (Slurm, CI, ssh)
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader  # noqa: E402
 
 # Random and human scores of the Atari-57 games (no-op starts, episodes capped at 108,000 frames):
 # the random and human columns of the score table in Badia et al. 2020, "Agent57: Outperforming the
@@ -89,7 +91,7 @@ class Run:
     exp_name: str
     seed: int
     episode_steps: np.ndarray  # global step at which each game ended
-    episode_seconds: np.ndarray  # wall-clock seconds since the run started
+    episode_seconds: np.ndarray  # wall-clock seconds since the run started, the pauses of a resumed run left out
     returns: np.ndarray
     sps_steps: np.ndarray  # the steps and wall times of the charts/SPS events (one per iteration)
     sps_times: np.ndarray
@@ -140,11 +142,33 @@ def read_run(path: str) -> Run | None:
     return Run(
         path, *identity,
         episode_steps=np.array([e.step for e in episodes], dtype=np.float64),
-        episode_seconds=np.array([e.wall_time - started for e in episodes]),
+        episode_seconds=running_seconds(path, np.array([e.wall_time for e in episodes]), started,
+                                        np.array([e.wall_time for e in [*episodes, *sps]])),
         returns=np.array([e.value for e in episodes], dtype=np.float64),
         sps_steps=np.array([e.step for e in sps], dtype=np.float64),
         sps_times=np.array([e.wall_time for e in sps]),
     )
+
+
+def first_scalar_time(events_file: str) -> float | None:
+    for event in EventFileLoader(events_file).Load():  # the loader gives scalars as the scalars plugin's tensors
+        if any(value.metadata.plugin_data.plugin_name == "scalars" for value in event.summary.value):
+            return event.wall_time
+    return None
+
+
+def running_seconds(path: str, times: np.ndarray, started: float, kept_times: np.ndarray) -> np.ndarray:
+    """Seconds since the run started at each of `times`, less the pauses of a resumed run: each
+    event file after the first is an attempt that went on from a checkpoint, and the time between
+    the last event kept before its first one and that first one (the machine away, the steps
+    redone after the checkpoint, hidden by the purge) is not time the run spent training."""
+    seconds = times - started
+    for events_file in sorted(glob.glob(os.path.join(path, "events.out.tfevents*")))[1:]:
+        resumed_at = first_scalar_time(events_file)
+        earlier = kept_times[kept_times < resumed_at] if resumed_at is not None else []
+        if len(earlier):
+            seconds[times >= resumed_at] -= resumed_at - earlier.max()
+    return seconds
 
 
 def last_step(run: Run) -> float:

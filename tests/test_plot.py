@@ -191,6 +191,25 @@ def test_of_two_runs_of_one_seed_the_one_that_got_further_counts(tmp_path, capsy
     assert "got further" in warning
 
 
+def test_a_resumed_run_counts_the_time_it_ran_not_its_pauses(tmp_path):
+    # games every 100 steps, one a second; the first attempt is cut off at step 1,200 after its
+    # checkpoint at 1,000, and the run resumes an hour later, in the same directory
+    folder = str(tmp_path / "Pong-v5__alpha__1__1700000000")
+    first = SummaryWriter(folder)
+    start = time.time()
+    for k in range(12):
+        first.add_scalar("charts/episodic_return", float(k), 100 * (k + 1), walltime=start + k)
+    first.close()
+    resumed = SummaryWriter(folder, purge_step=1001)
+    for k in range(10):
+        resumed.add_scalar("charts/episodic_return", float(k), 1100 + 100 * k, walltime=start + 3600 + k)
+    resumed.close()
+    (run,) = plot.read_runs(str(tmp_path))
+    assert run.episode_steps.tolist() == [100.0 * (k + 1) for k in range(20)], "the steps past 1,000 once"
+    seconds = run.episode_seconds - run.episode_seconds[0]
+    np.testing.assert_allclose(seconds, [*range(10), *range(9, 19)], atol=1e-3)
+
+
 def test_a_run_that_finished_no_game_is_skipped_with_a_warning(tmp_path, capsys):
     write_run(tmp_path, "Pong-v5__alpha__1__1700000000", [], text=None, rates=[100.0])
     assert plot.read_runs(str(tmp_path)) == []
