@@ -9,7 +9,7 @@
 #
 #     bash benchmark/breakout_1m.sh        # from anywhere; writes benchmark/results/breakout_1m/ and docs/img/breakout_1m/*.png
 set -euo pipefail
-repo="$(cd "$(dirname "$0")/.." && pwd)"
+repo="$(cd "$(dirname "$0")/.." && pwd -P)"  # the real path: --skip-done compares the commands
 study="$repo/benchmark/results/breakout_1m"
 mkdir -p "$study"
 cd "$study"   # runs/ and logs/ of this study go here

@@ -7,7 +7,7 @@
 #
 #     bash benchmark/dqn_atari_1m.sh       # from anywhere; writes benchmark/results/dqn_atari_1m/
 set -euo pipefail
-repo="$(cd "$(dirname "$0")/.." && pwd)"
+repo="$(cd "$(dirname "$0")/.." && pwd -P)"  # the real path: --skip-done compares the commands
 study="$repo/benchmark/results/dqn_atari_1m"
 mkdir -p "$study"
 cd "$study"   # runs/ and logs/ of this study go here

@@ -26,10 +26,13 @@ the scripts print); off a terminal (nohup, Slurm, CI) one plain line per start a
 and the running runs' progress every --status-interval seconds. The exit status is non-zero when
 a run failed, with one line naming every failed run and its log.
 
-Ctrl-C (or SIGTERM) stops the runs cleanly: each run runs in a session of its own, the runner sends
-it SIGINT (torchrun passes it to its workers), waits up to --stop-timeout seconds, then kills the
-run's process group and every process the run had started, including workers that torchrun puts
-in sessions of their own. A second Ctrl-C kills them at once.
+Ctrl-C (or SIGTERM, or the SIGHUP of a closed terminal) stops the runs cleanly: each run runs in a
+session of its own, the runner sends it SIGINT (torchrun passes it to its workers), waits up to
+--stop-timeout seconds, then kills the run's process group and every process the run had started,
+including workers that torchrun puts in sessions of their own. A second Ctrl-C kills them at once.
+Each run's processes hold LOG_DIR/locks/{name}.lock while they live: when a runner was killed outright
+(SIGKILL) and its runs went on, a new runner with the same runs stops with a one-line error naming
+them instead of starting them twice.
 
 --skip-done makes a study resumable: run its command again after a crash, a reboot or the end of a
 time-limited session, and only the runs that did not finish run (each run's log ends with the
@@ -44,6 +47,7 @@ it with sbatch when sbatch is on PATH.
 """
 
 import argparse
+import fcntl
 import glob
 import os
 import re
@@ -90,6 +94,7 @@ class Run:
     log_offset: int = 0
     partial_line: str = ""
     known_processes: set = field(default_factory=set)  # (pid, start time) of every process seen in the run
+    lock: object = None  # LOG_DIR/locks/{name}.lock, held by the runner and by the run's processes
 
     def elapsed(self) -> str:
         if not self.started:
@@ -214,6 +219,7 @@ def start(run: Run, log_dir: str, threads: int):
         run.process = subprocess.Popen(
             ["bash", "-c", run.command], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             env={**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+            pass_fds=(run.lock.fileno(),),  # the run holds its lock for as long as it lives, runner or not
         )
     run.state, run.started = "running", time.time()
 
@@ -245,6 +251,7 @@ def finish(run: Run):
     run.state = "done" if run.returncode == 0 else "failed"
     with open(run.log_path, "a") as log:  # the last line says how it ended: what --skip-done reads
         log.write(f"\n{EXIT_LINE}{run.returncode} after {run.elapsed()}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    run.lock.close()
 
 
 EXIT_LINE = "# exit "
@@ -259,6 +266,22 @@ def finished_before(run: Run, log_dir: str) -> bool:
     except OSError:
         return False
     return bool(lines) and lines[0] == f"# {run.command}" and lines[-1].startswith(f"{EXIT_LINE}0 after")
+
+
+def lock_runs(runs: list[Run], log_dir: str) -> list[str]:
+    """Takes each run's lock, LOG_DIR/locks/{name}.lock; returns the names of the runs whose lock is held
+    elsewhere: an attempt that outlived its runner (the runner killed with SIGKILL, its machine
+    session gone while the run's own session went on) is still running, and starting the run again
+    would make two trainings share the cores and one log."""
+    held = []
+    os.makedirs(os.path.join(log_dir, "locks"), exist_ok=True)
+    for run in runs:
+        run.lock = open(os.path.join(log_dir, "locks", f"{run.name}.lock"), "w")
+        try:
+            fcntl.flock(run.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held.append(run.name)
+    return held
 
 
 def set_aside_earlier_attempts(run: Run, log_dir: str) -> list[str]:
@@ -414,6 +437,12 @@ def run_locally(runs: list[Run], workers: int, log_dir: str, status_interval: fl
     cores = len(os.sched_getaffinity(0))
     display = TerminalDisplay(runs) if sys.stdout.isatty() else PlainDisplay(runs, status_interval)
     display.message(f"{len(runs)} run(s), {workers} at a time, logs in {log_dir}/")
+    still_running = lock_runs(runs, log_dir)
+    if still_running:
+        display.close()
+        print(f"error: still running from an earlier runner: {', '.join(still_running)} (their processes hold "
+              f"{log_dir}/locks/NAME.lock); stop them first", file=sys.stderr, flush=True)
+        return 1
     if skip_done:
         for run in runs:
             if finished_before(run, log_dir):
@@ -425,7 +454,9 @@ def run_locally(runs: list[Run], workers: int, log_dir: str, status_interval: fl
         if skipped:
             display.message(f"skipping {len(skipped)} run(s) done earlier: {', '.join(skipped)}")
     queue, running = [run for run in runs if run.state == "queued"], []
-    signal.signal(signal.SIGTERM, raise_interrupted)  # scheduler and `kill` stop the runs like Ctrl-C
+    # a scheduler's SIGTERM, `kill`, and a closed terminal's SIGHUP stop the runs like Ctrl-C
+    signal.signal(signal.SIGTERM, raise_interrupted)
+    signal.signal(signal.SIGHUP, raise_interrupted)
     try:
         while queue or running:
             while queue and len(running) < workers:
@@ -443,6 +474,7 @@ def run_locally(runs: list[Run], workers: int, log_dir: str, status_interval: fl
             display.update()
     except (KeyboardInterrupt, Interrupted):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
         running = [run for run in running if run.process is not None]
         stop(running, stop_timeout, display)
         display.close()

@@ -52,7 +52,8 @@ def test_every_env_id_and_seed_runs_once_with_its_flags_appended(tmp_path):
                     "--command", FAKE, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     logs = sorted(os.listdir(tmp_path / "logs"))
-    assert logs == [f"{env}__fake_train__{seed}.log" for env in ("ALE_Breakout-v5", "Pong") for seed in (1, 2)]
+    assert logs == [f"{env}__fake_train__{seed}.log" for env in ("ALE_Breakout-v5", "Pong") for seed in (1, 2)] + [
+        "locks"]
     for env_id, seed in [("Pong", 1), ("Pong", 2), ("ALE/Breakout-v5", 1), ("ALE/Breakout-v5", 2)]:
         log = (tmp_path / "logs" / f"{env_id.replace('/', '_')}__fake_train__{seed}.log").read_text()
         assert f"--env-id {env_id} --seed {seed}" in log.splitlines()[0], "the log starts with the command"
@@ -219,12 +220,12 @@ def test_two_commands_with_their_own_exp_names_both_run(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Ctrl-C
 # ---------------------------------------------------------------------------------------------
-def interrupt_and_check_nothing_is_left(process, pid_dir, expected_processes: int):
+def interrupt_and_check_nothing_is_left(process, pid_dir, expected_processes: int, signal_number=signal.SIGINT):
     wait_for_files(pid_dir, expected_processes)
     pids = pids_in(pid_dir)
     assert all(is_alive(pid) for pid in pids)
     started = time.time()
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signal_number)
     try:
         _, stderr = process.communicate(timeout=60)
         assert process.returncode == 130, stderr
@@ -248,6 +249,15 @@ def test_ctrl_c_stops_every_run_and_every_process_they_started(tmp_path):
     assert not (tmp_path / "logs" / "Pong__fake_train__3.log").exists()
 
 
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_scheduler_or_a_closed_terminal_stops_the_runs_as_ctrl_c_does(tmp_path, signal_number):
+    (tmp_path / "pids").mkdir()
+    process = start_runner("--env-ids", "Pong", "--command", f"{FAKE} --sleep 100 --pid-dir pids --spawn-helper",
+                           cwd=tmp_path)
+    stderr, _ = interrupt_and_check_nothing_is_left(process, tmp_path / "pids", 2, signal_number)
+    assert stderr.strip().splitlines()[-1] == "error: interrupted: stopped Pong__fake_train__1"
+
+
 def test_a_run_that_ignores_ctrl_c_is_killed_after_the_stop_timeout(tmp_path):
     (tmp_path / "pids").mkdir()
     process = start_runner("--env-ids", "Pong", "--seeds", "1", "--stop-timeout", "1",
@@ -255,6 +265,30 @@ def test_a_run_that_ignores_ctrl_c_is_killed_after_the_stop_timeout(tmp_path):
                            cwd=tmp_path)
     _, seconds = interrupt_and_check_nothing_is_left(process, tmp_path / "pids", 2)
     assert seconds < 10
+
+
+def test_a_run_that_outlived_its_runner_is_not_started_twice(tmp_path):
+    (tmp_path / "pids").mkdir()
+    arguments = ("--env-ids", "Pong", "--skip-done", "--command", f"{FAKE} --sleep 100 --pid-dir pids --tensorboard")
+    killed = start_runner(*arguments, cwd=tmp_path)
+    wait_for_files(tmp_path / "pids", 1)
+    (orphan,) = pids_in(tmp_path / "pids")
+    try:
+        killed.kill()  # SIGKILL: no chance to stop its run, which goes on in its own session
+        killed.communicate(timeout=60)
+        assert is_alive(orphan)
+        (attempt,) = os.listdir(tmp_path / "runs")
+        again = runner(*arguments, cwd=tmp_path)
+        assert_user_error(again, "still running from an earlier runner: Pong__fake_train__1")
+        assert os.listdir(tmp_path / "runs") == [attempt], "the live run's directory stays where it is"
+    finally:
+        os.kill(orphan, signal.SIGKILL)
+    deadline = time.time() + 30
+    while is_alive(orphan) and time.time() < deadline:
+        time.sleep(0.1)
+    # once it is gone, the run is started again
+    again = runner("--env-ids", "Pong", "--skip-done", "--command", f"{FAKE} --tensorboard", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
 
 
 @pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None, reason="no torchrun")
