@@ -26,10 +26,11 @@ the scripts print); off a terminal (nohup, Slurm, CI) one plain line per start a
 and the running runs' progress every --status-interval seconds. The exit status is non-zero when
 a run failed, with one line naming every failed run and its log.
 
-Ctrl-C (or SIGTERM, or the SIGHUP of a closed terminal) stops the runs cleanly: each run runs in a
-session of its own, the runner sends it SIGINT (torchrun passes it to its workers), waits up to
---stop-timeout seconds, then kills the run's process group and every process the run had started,
-including workers that torchrun puts in sessions of their own. A second Ctrl-C kills them at once.
+Ctrl-C (or SIGTERM, or the SIGHUP of a closed terminal unless the runner runs under nohup) stops the
+runs cleanly: each run runs in a session of its own, the runner sends it SIGINT (torchrun passes it
+to its workers), waits up to --stop-timeout seconds, then kills the run's process group and every
+process the run had started, including workers that torchrun puts in sessions of their own. A
+second Ctrl-C kills them at once.
 Each run's processes hold LOG_DIR/locks/{name}.lock while they live: when a runner was killed outright
 (SIGKILL) and its runs went on, a new runner with the same runs stops with a one-line error naming
 them instead of starting them twice.
@@ -454,9 +455,11 @@ def run_locally(runs: list[Run], workers: int, log_dir: str, status_interval: fl
         if skipped:
             display.message(f"skipping {len(skipped)} run(s) done earlier: {', '.join(skipped)}")
     queue, running = [run for run in runs if run.state == "queued"], []
-    # a scheduler's SIGTERM, `kill`, and a closed terminal's SIGHUP stop the runs like Ctrl-C
-    signal.signal(signal.SIGTERM, raise_interrupted)
-    signal.signal(signal.SIGHUP, raise_interrupted)
+    # A scheduler's SIGTERM, `kill`, and a closed terminal's SIGHUP stop the runs like Ctrl-C; but
+    # not a signal the runner was started with ignored (`nohup` ignores SIGHUP: the runs go on).
+    stop_signals = [number for number in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(number) is not signal.SIG_IGN]
+    for number in stop_signals:
+        signal.signal(number, raise_interrupted)
     try:
         while queue or running:
             while queue and len(running) < workers:
@@ -473,8 +476,8 @@ def run_locally(runs: list[Run], workers: int, log_dir: str, status_interval: fl
                     display.ended(run)
             display.update()
     except (KeyboardInterrupt, Interrupted):
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        for number in stop_signals:
+            signal.signal(number, signal.SIG_DFL)
         running = [run for run in running if run.process is not None]
         stop(running, stop_timeout, display)
         display.close()

@@ -24,10 +24,15 @@ def runner(*args: str, cwd, env: dict | None = None):
     return run_tool("run.py", *args, cwd=cwd, env=env)
 
 
-def start_runner(*args: str, cwd, stdout=subprocess.PIPE):
+def start_runner(*args: str, cwd, stdout=subprocess.PIPE, ignored_signals=()):
+    def signals_as_on_a_terminal():
+        # whatever this process inherited: pytest started in the background by a script ignores SIGINT
+        for number in (signal.SIGINT, signal.SIGHUP):
+            signal.signal(number, signal.SIG_IGN if number in ignored_signals else signal.SIG_DFL)
+
     return subprocess.Popen(
-        [sys.executable, os.path.join(REPO_ROOT, "benchmark", "run.py"), *args],
-        cwd=cwd, env=subprocess_environment(), stdout=stdout, stderr=subprocess.PIPE, text=True,
+        [sys.executable, os.path.join(REPO_ROOT, "benchmark", "run.py"), *args], cwd=cwd, env=subprocess_environment(),
+        stdout=stdout, stderr=subprocess.PIPE, text=True, preexec_fn=signals_as_on_a_terminal,
     )
 
 
@@ -256,6 +261,17 @@ def test_a_scheduler_or_a_closed_terminal_stops_the_runs_as_ctrl_c_does(tmp_path
                            cwd=tmp_path)
     stderr, _ = interrupt_and_check_nothing_is_left(process, tmp_path / "pids", 2, signal_number)
     assert stderr.strip().splitlines()[-1] == "error: interrupted: stopped Pong__fake_train__1"
+
+
+def test_under_nohup_a_closed_terminal_leaves_the_runs_running(tmp_path):
+    (tmp_path / "pids").mkdir()
+    process = start_runner("--env-ids", "Pong", "--command", f"{FAKE} --sleep 100 --pid-dir pids", cwd=tmp_path,
+                           ignored_signals=(signal.SIGHUP,))
+    wait_for_files(tmp_path / "pids", 1)
+    process.send_signal(signal.SIGHUP)
+    time.sleep(1)
+    assert process.poll() is None and all(is_alive(pid) for pid in pids_in(tmp_path / "pids"))
+    interrupt_and_check_nothing_is_left(process, tmp_path / "pids", 1)
 
 
 def test_a_run_that_ignores_ctrl_c_is_killed_after_the_stop_timeout(tmp_path):
