@@ -32,7 +32,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY cloud/constraints.txt cloud/
 RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}" \
-    && pip install --no-cache-dir --constraint cloud/constraints.txt "${JAX_PACKAGE}==${JAX_VERSION}" ".[envpool,jax,cloud]"
+    && pip install --no-cache-dir --constraint cloud/constraints.txt "${JAX_PACKAGE}==${JAX_VERSION}" ".[envpool,jax,mujoco,cloud]"
 COPY cleanrl/ cleanrl/
 COPY cloud/ cloud/
 

@@ -1,9 +1,14 @@
-"""The documentation site against the code: every script has a page in the nav, the page names
-every command-line argument of the script and every metric it logs, and every page is in the nav."""
+"""The documentation site against the code: every script has a page in the nav, whose Arguments
+table is the script's command line (no argument missing, none stale; where the page says so, each
+row with the text of `--help`) and whose metrics table names every metric the script logs, and every
+page is in the nav; and every command of a script shown in the README or the docs uses only flags
+the script has."""
 
 import ast
 import glob
 import os
+import re
+import shlex
 
 import pytest
 import yaml
@@ -81,19 +86,90 @@ def test_every_script_has_a_page_of_its_name_in_the_nav(script):
     assert f"{script}.md" in nav_pages()
 
 
-def table_keys(script: str) -> set[str]:
-    """The first code span of every table row of the page: `| `--flag` / `--no-flag` | ...` gives --flag."""
-    return {line.split("`")[1] for line in page(script).splitlines() if line.startswith("| `")}
+def section_rows(script: str, *headings: str) -> dict[str, str]:
+    """{first code span: last cell} of the table rows in the page's `## ` sections whose titles start
+    with one of `headings`: `| `--flag` / `--no-flag` | default | meaning |` gives --flag: meaning."""
+    rows, inside = {}, False
+    for line in page(script).splitlines():
+        if line.startswith("## "):
+            inside = line[3:].startswith(headings)
+        elif inside and line.startswith("| `"):
+            rows[line.split("`")[1]] = line.strip().strip("|").split(" | ")[-1].strip()
+    return rows
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_the_page_of_a_script_has_a_row_for_every_argument_of_its_command_line(script):
-    missing = {flag: doc for flag, doc in cli_flags(script).items() if flag not in table_keys(script)}
-    rows = "\n".join(f"| `{flag}` | ... | {doc} |" for flag, doc in missing.items())
-    assert not missing, f"docs/{script}.md lacks these arguments; add them to its Arguments table:\n{rows}"
+def test_the_arguments_table_of_a_page_is_the_command_line_of_its_script(script):
+    flags, rows = cli_flags(script), section_rows(script, "Arguments")
+    missing = "\n".join(f"| `{flag}` | ... | {doc} |" for flag, doc in flags.items() if flag not in rows)
+    assert not missing, f"docs/{script}.md lacks these arguments; add them to its Arguments table:\n{missing}"
+    stale = sorted(set(rows) - set(flags))
+    assert not stale, f"docs/{script}.md's Arguments table has rows for arguments the script does not have: {stale}"
+
+
+@pytest.mark.parametrize("script", [script for script in SCRIPTS if "the same text as `--help`" in page(script)])
+def test_a_page_that_says_its_table_is_the_help_text_gives_the_help_text(script):
+    def plain(text: str) -> str:
+        return " ".join(text.replace("`", "").split())
+
+    rows = section_rows(script, "Arguments")
+    differ = [f"{flag}: {doc!r}" for flag, doc in cli_flags(script).items() if plain(rows[flag]) != plain(doc)]
+    assert not differ, f"docs/{script}.md's Arguments rows differ from --help:\n" + "\n".join(differ)
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_the_page_of_a_script_has_a_row_for_every_metric_it_logs(script):
-    missing = [tag for tag in logged_tags(script) if tag not in table_keys(script)]
-    assert not missing, f"docs/{script}.md lacks these TensorBoard tags in its Logged metrics table: {missing}"
+def test_the_metrics_table_of_a_page_is_what_its_script_logs(script):
+    rows = section_rows(script, "Metrics", "Logged metrics")
+    missing = [tag for tag in logged_tags(script) if tag not in rows]
+    assert not missing, f"docs/{script}.md lacks these TensorBoard tags in its metrics table: {missing}"
+    with open(os.path.join(REPO_ROOT, "cleanrl", f"{script}.py")) as f:
+        source = f.read()
+    # the rows beyond the TensorBoard tags: media the script uploads to W&B under a key of its own
+    stale = [key for key in set(rows) - set(logged_tags(script)) if f'"{key}"' not in source]
+    assert not stale, f"docs/{script}.md's metrics table names tags the script does not log: {stale}"
+
+
+def script_commands(tokens: list[str]):
+    """(script, its arguments) of the command lines in a shell line's tokens, also those quoted inside
+    another tool's arguments (`run.py --command "python cleanrl/ppo_atari.py ..."`)."""
+    for i, token in enumerate(tokens):
+        match = re.fullmatch(r".*cleanrl/(\w+)\.py", token)
+        if match:
+            arguments = []
+            for later in tokens[i + 1:]:
+                if later in ("&&", "||", "|", ";", ">", "2>&1"):
+                    break
+                arguments.append(later)
+            yield match.group(1), arguments
+            return
+        if re.search(r"cleanrl/\w+\.py\s", token):
+            yield from script_commands(shlex.split(token))
+
+
+def documented_commands() -> list[tuple[str, str, str, list[str]]]:
+    """(file, shell line, script, arguments) of every script command in the code blocks of the README
+    and the docs."""
+    found = []
+    for path in [os.path.join(REPO_ROOT, "README.md"), *sorted(glob.glob(os.path.join(DOCS, "*.md")))]:
+        with open(path) as f:
+            blocks = re.findall(r"```(?:bash|sh|console)?\n(.*?)```", f.read(), re.S)
+        for block in blocks:
+            for line in block.replace("\\\n", " ").splitlines():
+                line = line.strip().removeprefix("$ ")
+                if "cleanrl/" in line:
+                    for script, arguments in script_commands(shlex.split(line, comments=True)):
+                        found.append((os.path.relpath(path, REPO_ROOT), line, script, arguments))
+    return found
+
+
+def test_every_command_in_the_docs_uses_flags_its_script_has():
+    commands = [command for command in documented_commands() if command[2] in SCRIPTS]
+    assert len(commands) > 40, "the commands of the README and the docs are found"
+    unknown = []
+    for path, line, script, arguments in commands:
+        flags = set(cli_flags(script)) | {"--help"}
+        for argument in (argument for argument in arguments if argument.startswith("--")):
+            name = argument.split("=")[0].replace("_", "-")  # tyro takes --capture_video as --capture-video
+            if name not in flags and not (name.startswith("--no-") and "--" + name[len("--no-"):] in flags):
+                unknown.append(f"{path}: {name} is not a flag of {script}.py: {line}")
+    assert not unknown, "\n".join(unknown)
