@@ -1,9 +1,11 @@
 """Helpers shared by the tests: run a script, read its TensorBoard logs, a reference GAE, and the
 checks that every script of a family must pass."""
 
+import dataclasses
 import functools
 import glob
 import io
+import math
 import os
 import re
 import socket
@@ -156,6 +158,59 @@ def assert_gae_matches_reference(compute_gae, convert, dtype=np.float64, toleran
     expected = reference_gae(rewards.tolist(), values.tolist(), dones.tolist(), next_value.tolist(), 0.99, 0.95)
     np.testing.assert_allclose(np.asarray(advantages), expected, rtol=tolerance, atol=tolerance)
     np.testing.assert_allclose(np.asarray(returns), np.array(expected) + values, rtol=tolerance, atol=tolerance)
+
+
+def reference_ppo_loss(newlogprob, entropy, newvalue, logprobs, advantages, returns, values, clip: float,
+                       ent_coef: float, vf_coef: float, norm_adv: bool, clip_vloss: bool) -> tuple[float, dict]:
+    """The PPO objective of Schulman et al. (2017) on one minibatch, one sample at a time in plain
+    Python floats: minus the clipped surrogate min(r A, clip(r, 1-e, 1+e) A), plus vf_coef times half
+    the squared value error (with value clipping: the larger of the clipped and unclipped errors),
+    minus ent_coef times the entropy; advantages standardized over the minibatch (unbiased std)."""
+    n = len(newlogprob)
+    if norm_adv:
+        mean = sum(advantages) / n
+        std = (sum((a - mean) ** 2 for a in advantages) / (n - 1)) ** 0.5
+        advantages = [(a - mean) / (std + 1e-8) for a in advantages]
+    surrogate = value_error = 0.0
+    stats = dict(old_approx_kl=0.0, approx_kl=0.0, clipfrac=0.0)
+    for i in range(n):
+        ratio = math.exp(newlogprob[i] - logprobs[i])
+        surrogate += min(ratio * advantages[i], min(max(ratio, 1 - clip), 1 + clip) * advantages[i])
+        error = (newvalue[i] - returns[i]) ** 2
+        if clip_vloss:
+            clipped_value = values[i] + min(max(newvalue[i] - values[i], -clip), clip)
+            error = max(error, (clipped_value - returns[i]) ** 2)
+        value_error += 0.5 * error
+        stats["old_approx_kl"] += -math.log(ratio) / n
+        stats["approx_kl"] += (ratio - 1 - math.log(ratio)) / n
+        stats["clipfrac"] += float(abs(ratio - 1) > clip) / n
+    stats.update(policy_loss=-surrogate / n, value_loss=value_error / n, entropy=sum(entropy) / n)
+    return stats["policy_loss"] - ent_coef * stats["entropy"] + vf_coef * stats["value_loss"], stats
+
+
+def assert_ppo_loss_matches_reference(ppo_loss, default_args):
+    """A script's ppo_loss(newlogprob, entropy, newvalue, logprobs, advantages, returns, values, args)
+    against reference_ppo_loss, with and without advantage normalization and value clipping, on
+    random float64 data whose probability ratios and value changes fall on both sides of the clip."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    n = 64
+    logprobs, values, returns, advantages = rng.normal(size=(4, n))
+    newlogprob = logprobs + rng.uniform(-0.4, 0.4, n)  # ratios from 0.67 to 1.49 around clip 0.1-0.2
+    newvalue = values + rng.uniform(-0.5, 0.5, n)
+    entropy = rng.uniform(0.5, 1.5, n)
+    for norm_adv in (True, False):
+        for clip_vloss in (True, False):
+            args = dataclasses.replace(default_args, norm_adv=norm_adv, clip_vloss=clip_vloss)
+            inputs = (newlogprob, entropy, newvalue, logprobs, advantages, returns, values)
+            loss, stats = ppo_loss(*(torch.tensor(x) for x in inputs), args)
+            expected, expected_stats = reference_ppo_loss(*(x.tolist() for x in inputs), args.clip_coef, args.ent_coef,
+                                                           args.vf_coef, norm_adv, clip_vloss)
+            assert 0.1 < expected_stats["clipfrac"] < 0.9, "the data reaches both sides of the clip"
+            np.testing.assert_allclose(float(loss), expected, rtol=1e-12, err_msg=f"{norm_adv=} {clip_vloss=}")
+            for name, value in expected_stats.items():
+                np.testing.assert_allclose(float(stats[name]), value, rtol=1e-12, atol=1e-14, err_msg=name)
 
 
 def assert_user_error(result, *fragments: str):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from common import (
     assert_corrupt_checkpoint_rejected, assert_rollout_dones_and_rewards, assert_progress_lines_off_a_terminal, assert_videos_show_whole_games_of_env_0, capped_cubic_games,
-    recording_make_envs, assert_evaluation_printed, assert_gae_matches_reference,
+    recording_make_envs, assert_evaluation_printed, assert_gae_matches_reference, assert_ppo_loss_matches_reference,
     assert_saved_model_loads_identically, assert_short_atari_run_logged, assert_user_error, read_scalars, run_dirs,
     run_script,
 )
@@ -22,6 +22,10 @@ SHORT_RUN = ["--num-envs", "2", "--num-steps", "128", "--total-timesteps", "1024
 
 def test_gae_matches_the_textbook_definition():
     assert_gae_matches_reference(ppo_atari.compute_gae, torch.tensor)
+
+
+def test_ppo_loss_matches_the_clipped_objective_of_the_paper():
+    assert_ppo_loss_matches_reference(ppo_atari.ppo_loss, ppo_atari.Args())
 
 
 def test_bf16_autocast_leaves_the_heads_in_fp32():

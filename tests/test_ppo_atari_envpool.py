@@ -7,6 +7,7 @@ import pytest
 import torch
 from common import (
     assert_corrupt_checkpoint_rejected, assert_evaluation_printed, assert_gae_matches_reference,
+    assert_ppo_loss_matches_reference,
     assert_progress_lines_off_a_terminal, assert_saved_model_loads_identically, assert_short_atari_run_logged,
     assert_user_error, assert_videos_show_whole_games_of_env_0, capped_cubic_games, read_scalars, recording_make_envs,
     run_dirs, run_script,
@@ -28,6 +29,10 @@ def breakout_score(ram: np.ndarray) -> int:
 # --- The math ---------------------------------------------------------------------------------
 def test_gae_matches_the_textbook_definition():
     assert_gae_matches_reference(ppo_envpool.compute_gae, torch.tensor)
+
+
+def test_ppo_loss_matches_the_clipped_objective_of_the_paper():
+    assert_ppo_loss_matches_reference(ppo_envpool.ppo_loss, ppo_envpool.Args())
 
 
 def test_a_truncated_step_bootstraps_from_the_value_of_the_observation_stored_after_it():

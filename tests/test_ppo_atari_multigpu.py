@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import torch
 from common import (
-    PPO_TAGS, REPO_ROOT, assert_rollout_dones_and_rewards, assert_user_error, capped_cubic_games, free_port,
+    PPO_TAGS, REPO_ROOT, assert_ppo_loss_matches_reference, assert_rollout_dones_and_rewards, assert_user_error,
+    capped_cubic_games, free_port,
     mp4_frames, rank_lines, read_scalars, run_dirs, run_script, stop, wait_all,
 )
 
@@ -33,6 +34,11 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 # epoch of two minibatches. With 2 processes an iteration is 128 steps.
 SMALL = ["--local-num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1"]
 ITERATION = 128
+
+
+def test_ppo_loss_of_one_process_matches_the_clipped_objective_of_the_paper():
+    # without a process group the job's minibatch is this process's: the single-process objective
+    assert_ppo_loss_matches_reference(multigpu.ppo_loss, multigpu.Args())
 
 
 def start(command: list[str], cwd, env: dict | None = None, **popen) -> subprocess.Popen:

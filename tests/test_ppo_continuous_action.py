@@ -8,6 +8,7 @@ import pytest
 import torch
 from common import (
     PPO_TAGS, assert_episodes_0_1_8_recorded_and_uploaded, assert_gae_matches_reference, assert_main_fails_with,
+    assert_ppo_loss_matches_reference,
     assert_progress_follows_the_convention, assert_user_error, eval_returns, mujoco_offscreen_rendering_error, progress_steps, read_scalars,
     recording_make_envs, run_dirs, run_script,
 )
@@ -70,6 +71,10 @@ def test_agent_log_prob_is_that_of_its_state_independent_gaussian():
 
 def test_gae_matches_the_textbook_definition():
     assert_gae_matches_reference(pca.compute_gae, np.asarray)
+
+
+def test_ppo_loss_matches_the_clipped_objective_of_the_paper():
+    assert_ppo_loss_matches_reference(pca.ppo_loss, pca.Args())
 
 
 def test_only_truncated_but_not_terminated_steps_get_the_bootstrap():
