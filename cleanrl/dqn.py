@@ -113,6 +113,8 @@ def check_args(args: Args):
             fail(f"--{name.replace('_', '-')} must lie in [0, 1], got {getattr(args, name)}")
     if not 0.0 < args.tau <= 1.0:
         fail(f"--tau must lie in (0, 1], got {args.tau}")
+    if args.buffer_size < args.num_envs:  # one vector step would overwrite its own transitions
+        fail(f"--buffer-size {args.buffer_size} is smaller than one step of the {args.num_envs} envs")
     if args.eval_checkpoint is None:
         if args.total_timesteps < args.num_envs:
             fail(f"--total-timesteps {args.total_timesteps} is less than one step of the {args.num_envs} envs")

@@ -307,6 +307,47 @@ def assert_td_target_matches_reference(td_target):
     np.testing.assert_allclose(target.numpy(), expected, rtol=1e-12, atol=1e-12)
 
 
+def assert_td_target_bootstraps_from_the_target_network(module, memory_class: str, args, monkeypatch):
+    """In a DQN script's training run, the next-state values of every TD target are the target
+    network's on the sampled next observations, not the Q-network's. `args` never updates the
+    target, and learns fast enough that the two networks differ from the first update on."""
+    import torch
+
+    networks, batches, checked = [], [], []
+
+    class RecordedQNetwork(module.QNetwork):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            networks.append(self)
+
+    memory = getattr(module, memory_class)
+
+    class RecordedMemory(memory):
+        def sample(self, *args, **kwargs):
+            batches.append(super().sample(*args, **kwargs))
+            return batches[-1]
+
+    td_target = module.td_target
+
+    def checked_td_target(rewards, dones, next_q_values, gamma):
+        # after the first update, the Q-network is the one whose parameters hold gradients
+        stepped = [net for net in networks if next(net.parameters()).grad is not None]
+        if stepped:
+            (q_network,) = stepped
+            (target_network,) = [net for net in networks if net is not q_network]
+            next_obs = batches[-1]["next_obs"]
+            torch.testing.assert_close(next_q_values, target_network(next_obs), rtol=0, atol=0)
+            assert not torch.allclose(next_q_values, q_network(next_obs)), "the networks differ after an update"
+            checked.append(len(batches))
+        return td_target(rewards, dones, next_q_values, gamma)
+
+    monkeypatch.setattr(module, "QNetwork", RecordedQNetwork)
+    monkeypatch.setattr(module, memory_class, RecordedMemory)
+    monkeypatch.setattr(module, "td_target", checked_td_target)
+    module.main(args)
+    assert len(networks) == 2 and len(checked) == len(batches) - 1 >= 5, (len(networks), len(checked), len(batches))
+
+
 def assert_linear_epsilon_schedule(linear_schedule):
     """linear_schedule(start_e, end_e, duration, t): a straight line, then flat at end_e."""
     assert linear_schedule(1.0, 0.05, 100, 0) == 1.0

@@ -9,8 +9,8 @@ import pytest
 import torch
 from common import (
     DQN_TAGS, assert_corrupt_checkpoint_rejected, assert_evaluation_printed, assert_linear_epsilon_schedule,
-    assert_progress_lines_off_a_terminal, assert_target_update_copies_or_averages, assert_td_target_matches_reference,
-    assert_user_error, read_scalars, run_dirs, run_script,
+    assert_progress_lines_off_a_terminal, assert_target_update_copies_or_averages,
+    assert_td_target_bootstraps_from_the_target_network, assert_td_target_matches_reference, assert_user_error, read_scalars, run_dirs, run_script,
 )
 
 import cleanrl.dqn as dqn
@@ -181,6 +181,12 @@ def test_updates_and_target_updates_follow_the_schedule_in_env_steps(tmp_path, m
     assert all(np.isfinite(v) for _, v in scalars["losses/td_loss"] + scalars["losses/q_values"])
 
 
+def test_the_td_target_bootstraps_from_the_target_network(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = small_args("CartPole-v1", total_timesteps=300, target_network_frequency=10**6, learning_rate=0.01)
+    assert_td_target_bootstraps_from_the_target_network(dqn, "ReplayBuffer", args, monkeypatch)
+
+
 def test_epsilon_is_logged_along_its_schedule(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = small_args("CartPole-v1", total_timesteps=1000, exploration_fraction=0.5, start_e=1.0, end_e=0.1)
@@ -295,6 +301,7 @@ def test_bad_input_is_a_one_line_error(tmp_path, args, message):
         (dict(exploration_fraction=-0.1), "--exploration-fraction must lie in [0, 1]"),
         (dict(learning_starts=-1), "--learning-starts -1 must lie in [0, total_timesteps"),
         (dict(num_envs=8, total_timesteps=4, learning_starts=0), "less than one step of the 8 envs"),
+        (dict(num_envs=8, buffer_size=4), "--buffer-size 4 is smaller than one step of the 8 envs"),
     ],
     ids=lambda value: "-".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else None,
 )

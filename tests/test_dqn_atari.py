@@ -12,7 +12,8 @@ import pytest
 import torch
 from common import (
     DQN_TAGS, assert_corrupt_checkpoint_rejected, assert_evaluation_printed, assert_linear_epsilon_schedule,
-    assert_progress_lines_off_a_terminal, assert_target_update_copies_or_averages, assert_td_target_matches_reference,
+    assert_progress_lines_off_a_terminal, assert_target_update_copies_or_averages,
+    assert_td_target_bootstraps_from_the_target_network, assert_td_target_matches_reference,
     assert_main_fails_with, assert_user_error, assert_videos_show_whole_games_of_env_0, capped_cubic_games, read_scalars, recording_make_envs,
     run_dirs, run_script,
 )
@@ -205,6 +206,18 @@ def test_stored_steps_are_what_the_env_did_with_life_losses_and_terminations_don
 
 def test_td_target_matches_a_plain_reference_with_done_and_truncation_masks():
     assert_td_target_matches_reference(dqn_atari.td_target)
+
+
+def test_the_td_target_bootstraps_from_the_target_network(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        args = dqn_atari.Args(total_timesteps=440, learning_starts=400, buffer_size=2000, end_e=0.5,
+                              target_network_frequency=10**6, learning_rate=0.01, cuda=False)
+        assert_td_target_bootstraps_from_the_target_network(dqn_atari, "FrameReplayBuffer", args, monkeypatch)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_epsilon_decays_linearly_then_stays_at_its_end():
