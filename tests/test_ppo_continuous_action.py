@@ -172,6 +172,42 @@ def test_truncated_episodes_bootstrap_from_the_real_final_observation(tmp_path, 
         torch.testing.assert_close(rewards, scaled_rollout + GAMMA * TRUNCATION_LENGTH * truncated)
 
 
+def test_terminated_episodes_end_without_a_bootstrap(tmp_path, monkeypatch):
+    # StepCountTerminatesAfter5-v0 ends every 5 steps by termination: done there, reward as scaled
+    monkeypatch.chdir(tmp_path)
+    scaled_rewards, rollouts = [], []
+    reward_normalizer_call, compute_gae = pca.RewardNormalizer.__call__, pca.compute_gae
+
+    def recording_normalizer(self, rewards, dones):
+        scaled_rewards.append(reward_normalizer_call(self, rewards, dones))
+        return scaled_rewards[-1]
+
+    def recording_gae(rewards, values, dones, next_value, gamma, gae_lambda):
+        rollouts.append(tuple(np.array(array) for array in (rewards, dones)))  # copies
+        return compute_gae(rewards, values, dones, next_value, gamma, gae_lambda)
+
+    monkeypatch.setattr(pca.RewardNormalizer, "__call__", recording_normalizer)
+    monkeypatch.setattr(pca, "compute_gae", recording_gae)
+    pca.main(small_args(env_id="StepCountTerminatesAfter5-v0", num_steps=20, total_timesteps=80))
+
+    scaled = np.array(scaled_rewards).reshape(2, 20, 2)
+    terminal = np.array([[float(t % 5 == 4)] * 2 for t in range(20)])
+    for (rewards, dones), scaled_rollout in zip(rollouts, scaled, strict=True):
+        np.testing.assert_array_equal(dones, terminal)
+        np.testing.assert_array_equal(rewards, scaled_rollout)
+
+
+@pytest.mark.parametrize("env_id, length", [("StepCountTruncatedAfter4-v0", 4), ("StepCountTerminatesAfter5-v0", 5)])
+def test_logged_returns_are_the_raw_rewards_of_whole_episodes(tmp_path, monkeypatch, env_id, length):
+    # the reward of step t is t: the normalized rewards the update sees would give other numbers
+    monkeypatch.chdir(tmp_path)
+    pca.main(small_args(env_id=env_id, num_steps=20, total_timesteps=80))
+    scalars = read_scalars(run_dirs(tmp_path)[0])
+    assert len(scalars["charts/episodic_return"]) == 2 * (80 // 2 // length)
+    assert {value for _, value in scalars["charts/episodic_return"]} == {length * (length + 1) / 2}
+    assert {value for _, value in scalars["charts/episodic_length"]} == {length}
+
+
 def test_saved_observation_statistics_are_those_of_every_observation_the_policy_acted_on(tmp_path, monkeypatch):
     # 2 envs x 32 steps: each env acted on t = 0, 1, 2, 3, 0, ... (reset observations included),
     # then the observation after the last step; the final observations (t = 4) are not counted.

@@ -185,6 +185,52 @@ def test_a_terminated_transition_is_stored_as_terminal(tmp_path, monkeypatch):
     np.testing.assert_array_equal(rb.terminations[:40], (t == 4).astype(np.float32))
 
 
+def test_the_soft_target_comes_from_the_target_critics_at_the_next_observations_sampled_actions(tmp_path,
+                                                                                               monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    critics, samples, actor_calls, checked = [], [], [], []
+
+    class RecordedCritic(sac.SoftQNetwork):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            critics.append(self)
+
+    class RecordedActor(sac.Actor):
+        def get_action(self, obs):
+            actor_calls.append((obs, super().get_action(obs)))
+            return actor_calls[-1][1]
+
+    class RecordedReplayBuffer(sac.ReplayBuffer):
+        def sample(self, *args, **kwargs):
+            samples.append(super().sample(*args, **kwargs))
+            return samples[-1]
+
+    soft_td_target = sac.soft_td_target
+
+    def checked_soft_td_target(rewards, terminations, next_q1, next_q2, next_log_pi, alpha, gamma):
+        next_obs, (next_actions, log_pi, _) = actor_calls[-1]
+        np.testing.assert_array_equal(next_obs.numpy(), samples[-1]["next_obs"])
+        assert next_log_pi is log_pi, "the entropy term is of the actions the target is taken at"
+        stepped = [critic for critic in critics if next(critic.parameters()).grad is not None]
+        if stepped:  # after the first update: the online critics hold gradients, the targets never do
+            targets = [critic for critic in critics if critic not in stepped]
+            assert len(stepped) == len(targets) == 2
+            values = [critic(next_obs, next_actions) for critic in targets]
+            torch.testing.assert_close(torch.stack([next_q1, next_q2]), torch.stack(values), rtol=0, atol=0)
+            online = torch.stack([critic(next_obs, next_actions) for critic in stepped])
+            assert not torch.allclose(online, torch.stack(values)), "the critics and their targets differ"
+            checked.append(len(samples))
+        return soft_td_target(rewards, terminations, next_q1, next_q2, next_log_pi, alpha, gamma)
+
+    monkeypatch.setattr(sac, "SoftQNetwork", RecordedCritic)
+    monkeypatch.setattr(sac, "Actor", RecordedActor)
+    monkeypatch.setattr(sac, "ReplayBuffer", RecordedReplayBuffer)
+    monkeypatch.setattr(sac, "soft_td_target", checked_soft_td_target)
+    sac.main(sac.Args(env_id="StepCountTruncatedAfter4-v0", total_timesteps=40, learning_starts=30, batch_size=8,
+                      cuda=False))
+    assert len(critics) == 4 and len(checked) == len(samples) - 1 == 9
+
+
 # ---------------------------------------------------------------------------------------------
 # Saving and evaluation
 # ---------------------------------------------------------------------------------------------
