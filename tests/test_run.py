@@ -25,14 +25,18 @@ def runner(*args: str, cwd, env: dict | None = None):
 
 
 def start_runner(*args: str, cwd, stdout=subprocess.PIPE, ignored_signals=()):
-    def signals_as_on_a_terminal():
-        # whatever this process inherited: pytest started in the background by a script ignores SIGINT
-        for number in (signal.SIGINT, signal.SIGHUP):
-            signal.signal(number, signal.SIG_IGN if number in ignored_signals else signal.SIG_DFL)
-
+    # The runner gets a terminal's SIGINT and SIGHUP whatever this process inherited (pytest started
+    # in the background by a script ignores SIGINT): set in a small launcher that then execs the
+    # runner, which keeps them (a preexec_fn would fork this multithreaded process).
+    dispositions = {int(number): "SIG_IGN" if number in ignored_signals else "SIG_DFL"
+                    for number in (signal.SIGINT, signal.SIGHUP)}
+    launcher = ("import os, signal, sys\n"
+                f"for number, disposition in {dispositions!r}.items():\n"
+                "    signal.signal(number, getattr(signal, disposition))\n"
+                "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
     return subprocess.Popen(
-        [sys.executable, os.path.join(REPO_ROOT, "benchmark", "run.py"), *args], cwd=cwd, env=subprocess_environment(),
-        stdout=stdout, stderr=subprocess.PIPE, text=True, preexec_fn=signals_as_on_a_terminal,
+        [sys.executable, "-c", launcher, os.path.join(REPO_ROOT, "benchmark", "run.py"), *args], cwd=cwd,
+        env=subprocess_environment(), stdout=stdout, stderr=subprocess.PIPE, text=True,
     )
 
 
