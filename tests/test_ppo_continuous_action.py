@@ -142,11 +142,9 @@ class StepCountCritic(pca.Agent):
         return action, logprob, entropy, self.get_value(x)
 
 
-def test_truncated_episodes_bootstrap_from_the_real_final_observation(tmp_path, monkeypatch):
-    # Observations enter the critic raw here, so V(final obs) = 4 while V(next episode's first) = 0.
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(pca, "normalize_obs", lambda obs, mean, var: np.asarray(obs, dtype=np.float32))
-    monkeypatch.setattr(pca, "Agent", StepCountCritic)
+def record_rewards_and_rollouts(monkeypatch):
+    """Makes main() keep each scaled reward of its normalizer and a copy of each rollout's
+    (rewards, values, dones) as GAE gets them."""
     scaled_rewards, rollouts = [], []
     reward_normalizer_call, compute_gae = pca.RewardNormalizer.__call__, pca.compute_gae
 
@@ -155,18 +153,28 @@ def test_truncated_episodes_bootstrap_from_the_real_final_observation(tmp_path, 
         return scaled_rewards[-1]
 
     def recording_gae(rewards, values, dones, next_value, gamma, gae_lambda):
-        rollouts.append(tuple(torch.tensor(array) for array in (rewards, values, dones)))  # copies
+        rollouts.append(tuple(np.array(array) for array in (rewards, values, dones)))  # copies
         return compute_gae(rewards, values, dones, next_value, gamma, gae_lambda)
 
     monkeypatch.setattr(pca.RewardNormalizer, "__call__", recording_normalizer)
     monkeypatch.setattr(pca, "compute_gae", recording_gae)
+    return scaled_rewards, rollouts
+
+
+def test_truncated_episodes_bootstrap_from_the_real_final_observation(tmp_path, monkeypatch):
+    # Observations enter the critic raw here, so V(final obs) = 4 while V(next episode's first) = 0.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(pca, "normalize_obs", lambda obs, mean, var: np.asarray(obs, dtype=np.float32))
+    monkeypatch.setattr(pca, "Agent", StepCountCritic)
+    scaled_rewards, rollouts = record_rewards_and_rollouts(monkeypatch)
+    rollouts_of = lambda: [tuple(torch.tensor(a) for a in rollout) for rollout in rollouts]
     pca.main(small_args(gamma=GAMMA))
 
     assert len(rollouts) == 2
     scaled = torch.tensor(np.array(scaled_rewards)).reshape(2, 16, 2)
     step_in_episode = torch.tensor([t % TRUNCATION_LENGTH for t in range(16)], dtype=torch.float32)[:, None]
     truncated = (step_in_episode == TRUNCATION_LENGTH - 1).expand(16, 2)
-    for (rewards, values, dones), scaled_rollout in zip(rollouts, scaled):
+    for (rewards, values, dones), scaled_rollout in zip(rollouts_of(), scaled):
         torch.testing.assert_close(values, step_in_episode.expand(16, 2))
         torch.testing.assert_close(dones, truncated.float())
         torch.testing.assert_close(rewards, scaled_rollout + GAMMA * TRUNCATION_LENGTH * truncated)
@@ -175,24 +183,12 @@ def test_truncated_episodes_bootstrap_from_the_real_final_observation(tmp_path, 
 def test_terminated_episodes_end_without_a_bootstrap(tmp_path, monkeypatch):
     # StepCountTerminatesAfter5-v0 ends every 5 steps by termination: done there, reward as scaled
     monkeypatch.chdir(tmp_path)
-    scaled_rewards, rollouts = [], []
-    reward_normalizer_call, compute_gae = pca.RewardNormalizer.__call__, pca.compute_gae
-
-    def recording_normalizer(self, rewards, dones):
-        scaled_rewards.append(reward_normalizer_call(self, rewards, dones))
-        return scaled_rewards[-1]
-
-    def recording_gae(rewards, values, dones, next_value, gamma, gae_lambda):
-        rollouts.append(tuple(np.array(array) for array in (rewards, dones)))  # copies
-        return compute_gae(rewards, values, dones, next_value, gamma, gae_lambda)
-
-    monkeypatch.setattr(pca.RewardNormalizer, "__call__", recording_normalizer)
-    monkeypatch.setattr(pca, "compute_gae", recording_gae)
+    scaled_rewards, rollouts = record_rewards_and_rollouts(monkeypatch)
     pca.main(small_args(env_id="StepCountTerminatesAfter5-v0", num_steps=20, total_timesteps=80))
 
     scaled = np.array(scaled_rewards).reshape(2, 20, 2)
     terminal = np.array([[float(t % 5 == 4)] * 2 for t in range(20)])
-    for (rewards, dones), scaled_rollout in zip(rollouts, scaled, strict=True):
+    for (rewards, _, dones), scaled_rollout in zip(rollouts, scaled, strict=True):
         np.testing.assert_array_equal(dones, terminal)
         np.testing.assert_array_equal(rewards, scaled_rollout)
 
