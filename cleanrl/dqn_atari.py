@@ -708,6 +708,11 @@ def main(args: Args):
     run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     if args.eval_checkpoint is not None:
         q_network, saved_args = load_model(args.eval_checkpoint, device)
+        # The games are played under this command's emulator settings, not necessarily the training run's
+        for name in ("repeat_action_probability", "max_episode_steps"):
+            if name in saved_args and saved_args[name] != getattr(args, name):
+                print(f"warning: evaluating with --{name.replace('_', '-')} {getattr(args, name)}; "
+                      f"the model was trained with {saved_args[name]}", file=sys.stderr)
         writer = SummaryWriter(f"runs/{run_name}")
         run_evaluation(args, device, writer, run_name, q_network, saved_args["env_id"])
         writer.close()

@@ -446,6 +446,11 @@ def run_evaluation(args: Args, device, writer: SummaryWriter | None, run_name: s
     if agent is None:
         agent, saved_args = load_model(args.eval_checkpoint, device)
         env_id = saved_args["env_id"]
+        # The games are played under this command's emulator settings, not necessarily the training run's
+        for name in ("repeat_action_probability", "max_episode_steps"):
+            if name in saved_args and saved_args[name] != getattr(args, name):
+                print(f"warning: evaluating with --{name.replace('_', '-')} {getattr(args, name)}; "
+                      f"the model was trained with {saved_args[name]}", file=sys.stderr)
     else:
         env_id = args.env_id
     video_folder = f"videos/{run_name}-eval" if args.capture_video else None

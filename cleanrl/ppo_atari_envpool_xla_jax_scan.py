@@ -701,6 +701,11 @@ def run_evaluation(args: Args, writer: SummaryWriter, run_name: str, agent: Agen
     if params is None:
         num_actions, params, saved_args = load_model(args.eval_checkpoint)
         env_id = saved_args["env_id"]
+        # The games are played under this command's emulator settings, not necessarily the training run's
+        for name in ("repeat_action_probability", "max_episode_steps"):
+            if name in saved_args and saved_args[name] != getattr(args, name):
+                print(f"warning: evaluating with --{name.replace('_', '-')} {getattr(args, name)}; "
+                      f"the model was trained with {saved_args[name]}", file=sys.stderr)
         agent = Agent(num_actions, jnp.bfloat16 if args.mixed_precision == "bf16" else jnp.float32)
     else:
         env_id = args.env_id

@@ -250,6 +250,36 @@ def assert_saved_model_loads_identically(module, tmp_path):
     torch.testing.assert_close(loaded.get_value(obs), agent.get_value(obs), rtol=0, atol=0)
 
 
+def assert_evaluation_warns_when_emulator_settings_differ(module, evaluate_checkpoint, played, tmp_path,
+                                                          monkeypatch, capsys):
+    """--eval-checkpoint plays under the command's sticky-action probability and time limit. When
+    these are not the ones the model was trained with, its returns do not compare with the training
+    run's, and the evaluation says so on stderr. `evaluate_checkpoint(args)` runs the script's
+    evaluation path, `played` is what the stubbed `evaluate` returns (no game is played)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(module, "evaluate", lambda *args, **kwargs: played)
+    trained = dict(repeat_action_probability=0.25, max_episode_steps=1000)
+    save_fresh_model(module, "model.cleanrl_model", module.Args(**trained))
+    evaluate_checkpoint(module.Args(eval_checkpoint="model.cleanrl_model", **trained))
+    assert "warning" not in capsys.readouterr().err
+    evaluate_checkpoint(module.Args(eval_checkpoint="model.cleanrl_model"))
+    stderr = capsys.readouterr().err
+    assert "warning: evaluating with --repeat-action-probability 0.0; the model was trained with 0.25" in stderr
+    assert "warning: evaluating with --max-episode-steps 27000; the model was trained with 1000" in stderr
+
+
+def save_fresh_model(module, path: str, args):
+    """An Atari script's save_model of an untrained network for Breakout's 4 actions."""
+    if hasattr(module, "QNetwork"):
+        module.save_model(path, module.QNetwork(4), args)
+    elif hasattr(module, "init_params"):  # the JAX script saves parameters and the number of actions
+        import jax
+
+        module.save_model(path, module.init_params(module.Agent(4), jax.random.key(0)), args, 4)
+    else:
+        module.save_model(path, module.Agent(4), args)
+
+
 def assert_evaluation_printed(result, num_games: int):
     """An evaluation run exited 0 and printed each game's return and the mean."""
     assert result.returncode == 0, result.stderr

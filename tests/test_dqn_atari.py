@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 import torch
 from common import (
-    DQN_TAGS, assert_corrupt_checkpoint_rejected, assert_evaluation_printed, assert_linear_epsilon_schedule,
+    DQN_TAGS, assert_corrupt_checkpoint_rejected, assert_evaluation_printed,
+    assert_evaluation_warns_when_emulator_settings_differ, assert_linear_epsilon_schedule, assert_main_fails_with,
     assert_progress_lines_off_a_terminal, assert_target_update_copies_or_averages,
-    assert_td_target_bootstraps_from_the_target_network, assert_td_target_matches_reference,
-    assert_main_fails_with, assert_user_error, assert_videos_show_whole_games_of_env_0, capped_cubic_games, read_scalars, recording_make_envs,
-    run_dirs, run_script,
+    assert_td_target_bootstraps_from_the_target_network, assert_td_target_matches_reference, assert_user_error,
+    assert_videos_show_whole_games_of_env_0, capped_cubic_games, read_scalars, recording_make_envs, run_dirs,
+    run_script,
 )
 
 import cleanrl.dqn_atari as dqn_atari
@@ -270,6 +271,12 @@ def test_save_then_evaluate_round_trip(tmp_path):
         "dqn_atari.py", "--eval-checkpoint", model_path, "--eval-episodes", "2", cwd=tmp_path, env=ONE_THREAD
     )
     assert_evaluation_printed(evaluation, 2)
+
+
+def test_evaluation_warns_when_emulator_settings_differ_from_training(tmp_path, monkeypatch, capsys):
+    assert_evaluation_warns_when_emulator_settings_differ(
+        dqn_atari, dqn_atari.main, [1.0], tmp_path, monkeypatch, capsys
+    )
 
 
 def test_loaded_model_equals_saved_model(tmp_path):

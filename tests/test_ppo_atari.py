@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 import torch
 from common import (
-    assert_corrupt_checkpoint_rejected, assert_rollout_dones_and_rewards, assert_progress_lines_off_a_terminal, assert_videos_show_whole_games_of_env_0, capped_cubic_games,
-    recording_make_envs, assert_evaluation_printed, assert_gae_matches_reference, assert_ppo_loss_matches_reference,
-    assert_saved_model_loads_identically, assert_short_atari_run_logged, assert_user_error, read_scalars, run_dirs,
+    assert_corrupt_checkpoint_rejected, assert_evaluation_printed,
+    assert_evaluation_warns_when_emulator_settings_differ, assert_gae_matches_reference,
+    assert_ppo_loss_matches_reference, assert_progress_lines_off_a_terminal, assert_rollout_dones_and_rewards,
+    assert_saved_model_loads_identically, assert_short_atari_run_logged, assert_user_error,
+    assert_videos_show_whole_games_of_env_0, capped_cubic_games, read_scalars, recording_make_envs, run_dirs,
     run_script,
 )
 
@@ -140,6 +142,12 @@ def test_save_then_evaluate_round_trip(tmp_path):
 
     evaluation = run_script("ppo_atari.py", "--eval-checkpoint", model_path, "--eval-episodes", "3", cwd=tmp_path)
     assert_evaluation_printed(evaluation, 3)
+
+
+def test_evaluation_warns_when_emulator_settings_differ_from_training(tmp_path, monkeypatch, capsys):
+    assert_evaluation_warns_when_emulator_settings_differ(
+        ppo_atari, ppo_atari.main, [1.0], tmp_path, monkeypatch, capsys
+    )
 
 
 def test_loaded_model_equals_saved_model(tmp_path):

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 from common import (
-    assert_corrupt_checkpoint_rejected, assert_evaluation_printed, assert_gae_matches_reference,
-    assert_ppo_loss_matches_reference,
-    assert_progress_lines_off_a_terminal, assert_saved_model_loads_identically, assert_short_atari_run_logged,
-    assert_user_error, assert_videos_show_whole_games_of_env_0, capped_cubic_games, read_scalars, recording_make_envs,
-    run_dirs, run_script,
+    assert_corrupt_checkpoint_rejected, assert_evaluation_printed,
+    assert_evaluation_warns_when_emulator_settings_differ, assert_gae_matches_reference,
+    assert_ppo_loss_matches_reference, assert_progress_lines_off_a_terminal, assert_saved_model_loads_identically,
+    assert_short_atari_run_logged, assert_user_error, assert_videos_show_whole_games_of_env_0, capped_cubic_games,
+    read_scalars, recording_make_envs, run_dirs, run_script,
 )
 
 import cleanrl.ppo_atari_envpool as ppo_envpool
@@ -218,6 +218,12 @@ def test_save_then_evaluate_round_trip(tmp_path):
 
     evaluation = run_script(SCRIPT, "--eval-checkpoint", model_path, "--eval-episodes", "3", cwd=tmp_path)
     assert_evaluation_printed(evaluation, 3)
+
+
+def test_evaluation_warns_when_emulator_settings_differ_from_training(tmp_path, monkeypatch, capsys):
+    assert_evaluation_warns_when_emulator_settings_differ(
+        ppo_envpool, ppo_envpool.main, [1.0], tmp_path, monkeypatch, capsys
+    )
 
 
 def test_loaded_model_equals_saved_model(tmp_path):

@@ -16,8 +16,9 @@ import numpy as np
 import optax
 import pytest
 from common import (
-    REPO_ROOT, assert_corrupt_checkpoint_rejected, assert_gae_matches_reference, assert_progress_line_per_iteration,
-    assert_short_atari_run_logged, assert_user_error, mp4_frames, read_scalars, run_dirs, run_script,
+    REPO_ROOT, assert_corrupt_checkpoint_rejected, assert_evaluation_warns_when_emulator_settings_differ,
+    assert_gae_matches_reference, assert_progress_line_per_iteration, assert_short_atari_run_logged,
+    assert_user_error, mp4_frames, read_scalars, run_dirs, run_script,
 )
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
@@ -335,6 +336,12 @@ def test_loaded_model_equals_saved_model(tmp_path):
     assert num_actions == 4 and saved_args["env_id"] == args.env_id
     assert jax.tree.structure(loaded) == jax.tree.structure(params)
     jax.tree.map(np.testing.assert_array_equal, loaded, params)
+
+
+def test_evaluation_warns_when_emulator_settings_differ_from_training(tmp_path, monkeypatch, capsys):
+    assert_evaluation_warns_when_emulator_settings_differ(
+        ppo_jax, ppo_jax.main, ([1.0], [100]), tmp_path, monkeypatch, capsys
+    )
 
 
 def test_patch_convolution_equals_xla_convolution():

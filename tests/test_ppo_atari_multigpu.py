@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import torch
 from common import (
-    PPO_TAGS, REPO_ROOT, assert_ppo_loss_matches_reference, assert_rollout_dones_and_rewards, assert_user_error,
-    capped_cubic_games, free_port,
-    mp4_frames, rank_lines, read_scalars, run_dirs, run_script, stop, wait_all,
+    PPO_TAGS, REPO_ROOT, assert_evaluation_warns_when_emulator_settings_differ, assert_ppo_loss_matches_reference,
+    assert_rollout_dones_and_rewards, assert_user_error, capped_cubic_games, free_port, mp4_frames, rank_lines,
+    read_scalars, run_dirs, run_script, stop, wait_all,
 )
 
 import cleanrl.ppo_atari as ppo_atari
@@ -649,6 +649,13 @@ def test_bad_input_is_a_one_line_error(tmp_path, args, message):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_nccl_without_gpu_is_a_one_line_error(tmp_path):
     assert_user_error(run_script(SCRIPT, "--backend", "nccl", cwd=tmp_path, timeout=120), "needs a GPU")
+
+
+def test_evaluation_warns_when_emulator_settings_differ_from_training(tmp_path, monkeypatch, capsys):
+    assert_evaluation_warns_when_emulator_settings_differ(
+        multigpu, lambda args: multigpu.run_evaluation(args, torch.device("cpu"), None, "eval"), [1.0],
+        tmp_path, monkeypatch, capsys,
+    )
 
 
 def test_resuming_from_a_saved_model_instead_of_a_checkpoint_is_a_one_line_error(tmp_path):
