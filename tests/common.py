@@ -238,16 +238,17 @@ def assert_main_fails_with(main, args, *fragments: str):
 
 
 def assert_saved_model_loads_identically(module, tmp_path):
-    """A torch script's save_model -> load_model keeps the weights bit for bit and the args."""
+    """A torch Atari script's save_model -> load_model keeps the weights bit for bit and the args."""
     import torch
 
-    agent, args = module.Agent(4), module.Args()
-    path = str(tmp_path / "agent.cleanrl_model")
-    module.save_model(path, agent, args)
+    args = module.Args()
+    path = str(tmp_path / "model.cleanrl_model")
+    network = save_fresh_model(module, path, args)
     loaded, saved_args = module.load_model(path, torch.device("cpu"))
     assert saved_args["env_id"] == args.env_id
+    outputs = (lambda net, obs: net(obs)) if hasattr(module, "QNetwork") else (lambda net, obs: net.get_value(obs))
     obs = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
-    torch.testing.assert_close(loaded.get_value(obs), agent.get_value(obs), rtol=0, atol=0)
+    torch.testing.assert_close(outputs(loaded, obs), outputs(network, obs), rtol=0, atol=0)
 
 
 def assert_evaluation_warns_when_emulator_settings_differ(module, evaluate_checkpoint, played, tmp_path,
@@ -269,15 +270,17 @@ def assert_evaluation_warns_when_emulator_settings_differ(module, evaluate_check
 
 
 def save_fresh_model(module, path: str, args):
-    """An Atari script's save_model of an untrained network for Breakout's 4 actions."""
-    if hasattr(module, "QNetwork"):
-        module.save_model(path, module.QNetwork(4), args)
-    elif hasattr(module, "init_params"):  # the JAX script saves parameters and the number of actions
+    """An Atari script's save_model of an untrained network for Breakout's 4 actions; returns what
+    it saved (the network, or the JAX script's parameters)."""
+    if hasattr(module, "init_params"):  # the JAX script saves parameters and the number of actions
         import jax
 
-        module.save_model(path, module.init_params(module.Agent(4), jax.random.key(0)), args, 4)
-    else:
-        module.save_model(path, module.Agent(4), args)
+        params = module.init_params(module.Agent(4), jax.random.key(0))
+        module.save_model(path, params, args, 4)
+        return params
+    network = module.QNetwork(4) if hasattr(module, "QNetwork") else module.Agent(4)
+    module.save_model(path, network, args)
+    return network
 
 
 def assert_evaluation_printed(result, num_games: int):

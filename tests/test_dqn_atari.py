@@ -13,10 +13,10 @@ import torch
 from common import (
     DQN_TAGS, assert_corrupt_checkpoint_rejected, assert_evaluation_printed,
     assert_evaluation_warns_when_emulator_settings_differ, assert_linear_epsilon_schedule, assert_main_fails_with,
-    assert_progress_lines_off_a_terminal, assert_target_update_copies_or_averages,
-    assert_td_target_bootstraps_from_the_target_network, assert_td_target_matches_reference, assert_user_error,
-    assert_videos_show_whole_games_of_env_0, capped_cubic_games, read_scalars, recording_make_envs, run_dirs,
-    run_script,
+    assert_progress_lines_off_a_terminal, assert_saved_model_loads_identically,
+    assert_target_update_copies_or_averages, assert_td_target_bootstraps_from_the_target_network,
+    assert_td_target_matches_reference, assert_user_error, assert_videos_show_whole_games_of_env_0,
+    capped_cubic_games, read_scalars, recording_make_envs, run_dirs, run_script,
 )
 
 import cleanrl.dqn_atari as dqn_atari
@@ -280,13 +280,7 @@ def test_evaluation_warns_when_emulator_settings_differ_from_training(tmp_path, 
 
 
 def test_loaded_model_equals_saved_model(tmp_path):
-    q_network, args = dqn_atari.QNetwork(4), dqn_atari.Args()
-    path = str(tmp_path / "q.cleanrl_model")
-    dqn_atari.save_model(path, q_network, args)
-    loaded, saved_args = dqn_atari.load_model(path, torch.device("cpu"))
-    assert saved_args["env_id"] == args.env_id
-    obs = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
-    torch.testing.assert_close(loaded(obs), q_network(obs), rtol=0, atol=0)
+    assert_saved_model_loads_identically(dqn_atari, tmp_path)
 
 
 def test_video_schedule_is_capped_cubic():
