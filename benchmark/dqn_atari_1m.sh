@@ -5,7 +5,7 @@
 # sessions: the run writes a checkpoint every 100,000 steps (0.7-7 GB, the replay memory) and
 # `--resume auto` continues it, so run this again until it prints the result.
 #
-#     bash benchmark/dqn_atari_1m.sh       # from anywhere; writes benchmark/results/dqn_atari_1m/
+#     bash benchmark/dqn_atari_1m.sh       # from anywhere; writes benchmark/results/dqn_atari_1m/ and docs/img/dqn_atari_1m/*.png
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd -P)"  # the real path: --skip-done compares the commands
 study="$repo/benchmark/results/dqn_atari_1m"
@@ -17,3 +17,5 @@ python "$repo/benchmark/run.py" --env-ids BreakoutNoFrameskip-v4 --seeds 1 --wor
 
 # the mean return of the last 100 games (the table's final return), and the curves
 python "$repo/benchmark/plot.py" learning --runs-dir "$study/runs" --out-dir "$study/plots"
+mkdir -p "$repo/docs/img/dqn_atari_1m"
+cp "$study"/plots/*.png "$repo/docs/img/dqn_atari_1m/"
