@@ -251,6 +251,20 @@ def assert_saved_model_loads_identically(module, tmp_path):
     torch.testing.assert_close(outputs(loaded, obs), outputs(network, obs), rtol=0, atol=0)
 
 
+def assert_warns_when_bf16_is_slow(module, monkeypatch, capsys):
+    """A torch Atari script asked for bf16 on a CPU without oneDNN's bf16 kernels warns once on
+    stderr (it would run several times slower than fp32); with the kernels, or in fp32, it says nothing."""
+    import torch
+
+    cpu = torch.device("cpu")
+    for has_bf16_kernels in (False, True):
+        monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: has_bf16_kernels)
+        module.warn_if_bf16_is_slow("bf16", cpu)
+        assert capsys.readouterr().err.count("warning: this CPU has no fast bf16") == (not has_bf16_kernels)
+        module.warn_if_bf16_is_slow("none", cpu)
+        assert capsys.readouterr().err == ""
+
+
 def assert_evaluation_warns_when_emulator_settings_differ(module, evaluate_checkpoint, played, tmp_path,
                                                           monkeypatch, capsys):
     """--eval-checkpoint plays under the command's sticky-action probability and time limit. When

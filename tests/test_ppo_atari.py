@@ -12,8 +12,8 @@ from common import (
     assert_evaluation_warns_when_emulator_settings_differ, assert_gae_matches_reference,
     assert_ppo_loss_matches_reference, assert_progress_lines_off_a_terminal, assert_rollout_dones_and_rewards,
     assert_saved_model_loads_identically, assert_short_atari_run_logged, assert_user_error,
-    assert_videos_show_whole_games_of_env_0, capped_cubic_games, read_scalars, recording_make_envs, run_dirs,
-    run_script,
+    assert_videos_show_whole_games_of_env_0, assert_warns_when_bf16_is_slow, capped_cubic_games, read_scalars,
+    recording_make_envs, run_dirs, run_script,
 )
 
 import cleanrl.ppo_atari as ppo_atari
@@ -132,6 +132,10 @@ def test_bf16_training_run_gives_finite_losses(tmp_path):
     scalars = read_scalars(run_dirs(tmp_path)[0])
     for tag in ["losses/value_loss", "losses/policy_loss", "losses/approx_kl"]:
         assert all(np.isfinite(value) for _, value in scalars[tag]), tag
+
+
+def test_bf16_on_a_cpu_without_bf16_kernels_warns(monkeypatch, capsys):
+    assert_warns_when_bf16_is_slow(ppo_atari, monkeypatch, capsys)
 
 
 def test_save_then_evaluate_round_trip(tmp_path):

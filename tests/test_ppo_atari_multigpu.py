@@ -19,8 +19,8 @@ import pytest
 import torch
 from common import (
     PPO_TAGS, REPO_ROOT, assert_evaluation_warns_when_emulator_settings_differ, assert_ppo_loss_matches_reference,
-    assert_rollout_dones_and_rewards, assert_user_error, capped_cubic_games, free_port, mp4_frames, rank_lines,
-    read_scalars, run_dirs, run_script, stop, wait_all,
+    assert_rollout_dones_and_rewards, assert_user_error, assert_warns_when_bf16_is_slow, capped_cubic_games,
+    free_port, mp4_frames, rank_lines, read_scalars, run_dirs, run_script, stop, wait_all,
 )
 
 import cleanrl.ppo_atari as ppo_atari
@@ -649,6 +649,10 @@ def test_bad_input_is_a_one_line_error(tmp_path, args, message):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_nccl_without_gpu_is_a_one_line_error(tmp_path):
     assert_user_error(run_script(SCRIPT, "--backend", "nccl", cwd=tmp_path, timeout=120), "needs a GPU")
+
+
+def test_bf16_on_a_cpu_without_bf16_kernels_warns(monkeypatch, capsys):
+    assert_warns_when_bf16_is_slow(multigpu, monkeypatch, capsys)
 
 
 def test_evaluation_warns_when_emulator_settings_differ_from_training(tmp_path, monkeypatch, capsys):
