@@ -9,8 +9,9 @@ import pytest
 import torch
 from common import (
     DQN_TAGS, assert_corrupt_checkpoint_rejected, assert_evaluation_printed, assert_linear_epsilon_schedule,
-    assert_progress_lines_off_a_terminal, assert_target_update_copies_or_averages,
-    assert_td_target_bootstraps_from_the_target_network, assert_td_target_matches_reference, assert_user_error, read_scalars, run_dirs, run_script,
+    assert_main_fails_with, assert_progress_lines_off_a_terminal, assert_target_update_copies_or_averages,
+    assert_td_target_bootstraps_from_the_target_network, assert_td_target_matches_reference, assert_user_error,
+    read_scalars, run_dirs, run_script,
 )
 
 import cleanrl.dqn as dqn
@@ -43,14 +44,6 @@ TERMINATION_LENGTH = 5
 TRUNCATION_LENGTH = 4
 gym.register("DqnTerminatesAfter5-v0", entry_point=CountingEnv, kwargs={"length": TERMINATION_LENGTH})
 gym.register("DqnTruncatedAfter4-v0", entry_point=CountingEnv, max_episode_steps=TRUNCATION_LENGTH)
-
-
-@pytest.fixture(autouse=True)
-def restore_torch_threads():
-    """main() sets torch to one thread; give later tests in this process their default back."""
-    num_threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(num_threads)
 
 
 def small_args(env_id: str, **overrides) -> dqn.Args:
@@ -307,9 +300,7 @@ def test_bad_input_is_a_one_line_error(tmp_path, args, message):
 )
 def test_bad_sizes_and_rates_are_rejected_with_a_message_naming_the_flag(overrides, message):
     # the same fail() as above, checked in-process (a subprocess per case costs seconds)
-    with pytest.raises(SystemExit) as exit_info:
-        dqn.check_args(dqn.Args(**overrides))
-    assert str(exit_info.value.code).startswith("error: ") and message in str(exit_info.value.code)
+    assert_main_fails_with(dqn.check_args, dqn.Args(**overrides), message)
 
 
 def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):

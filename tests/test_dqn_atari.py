@@ -343,9 +343,7 @@ def test_bad_input_is_a_one_line_error(tmp_path, args, message):
     ids=lambda value: "-".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else None,
 )
 def test_bad_sizes_and_rates_are_rejected_with_a_message_naming_the_flag(overrides, message):
-    with pytest.raises(SystemExit) as exit_info:
-        dqn_atari.check_args(dqn_atari.Args(**overrides))
-    assert str(exit_info.value.code).startswith("error: ") and message in str(exit_info.value.code)
+    assert_main_fails_with(dqn_atari.check_args, dqn_atari.Args(**overrides), message)
 
 
 def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):

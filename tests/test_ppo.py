@@ -44,14 +44,6 @@ gym.register("TerminatesAfter5-v0", entry_point=FixedLengthEnv, kwargs={"length"
 gym.register("TruncatedAfter4-v0", entry_point=FixedLengthEnv, max_episode_steps=TRUNCATION_LENGTH)
 
 
-@pytest.fixture(autouse=True)
-def restore_torch_threads():
-    """main() sets torch to one thread; give later tests in this process their default back."""
-    num_threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(num_threads)
-
-
 def small_args(env_id: str, **overrides) -> ppo.Args:
     """2 envs x 16 steps, 2 iterations."""
     fields = dict(env_id=env_id, num_envs=2, num_steps=16, num_minibatches=2, total_timesteps=64, cuda=False)

@@ -25,14 +25,6 @@ SHORT_RUN = ["--env-id", "Hopper-v5", "--num-steps", "256", "--num-minibatches",
 TRUNCATION_LENGTH = 4  # of StepCountTruncatedAfter4-v0
 
 
-@pytest.fixture(autouse=True)
-def restore_torch_threads():
-    """main() sets torch to one thread; give later tests in this process their default back."""
-    num_threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(num_threads)
-
-
 def small_args(**overrides) -> pca.Args:
     """2 envs x 16 steps on StepCountTruncatedAfter4-v0, 2 iterations."""
     fields = dict(

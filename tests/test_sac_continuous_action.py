@@ -22,14 +22,6 @@ SAC_TAGS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def restore_torch_threads():
-    """main() sets torch to one thread; give later tests in this process their default back."""
-    num_threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(num_threads)
-
-
 # ---------------------------------------------------------------------------------------------
 # The math
 # ---------------------------------------------------------------------------------------------
