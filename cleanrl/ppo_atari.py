@@ -506,7 +506,13 @@ def warn_if_bf16_is_slow(mixed_precision: str, device: torch.device):
     """oneDNN has bf16 kernels only for CPUs with AVX-512 (or ARM's bf16 extension). Elsewhere
     autocast emulates bf16, and the update runs many times slower than in fp32 (13x, and training
     8x, on a 2-core AVX2 EPYC): say so rather than let a user wait."""
-    if mixed_precision == "bf16" and device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if mixed_precision != "bf16" or device.type != "cpu":
+        return
+    try:
+        has_bf16_kernels = torch.ops.mkldnn._is_mkldnn_bf16_supported()  # torch's own (private) check
+    except (AttributeError, RuntimeError):  # a torch without it: no warning rather than a crash
+        return
+    if not has_bf16_kernels:
         print("warning: this CPU has no fast bf16 (oneDNN needs AVX-512): --mixed-precision bf16 runs several times"
               " slower than fp32 here", file=sys.stderr)
 
