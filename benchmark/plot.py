@@ -443,7 +443,7 @@ def plot_throughput(results: dict) -> plt.Figure:
     ax.set_ylabel("environment steps per second")
     setup = results.get("setup", {})
     title = [setup.get("env_id"), f"{setup.get('num_envs')} envs x {setup.get('num_steps')} steps per process",
-             f"{setup.get('cpus')} CPUs", setup.get("date")]
+             f"{setup.get('cpus')} CPUs" + (f" ({setup['cpu']})" if setup.get("cpu") else ""), setup.get("date")]
     ax.set_title(", ".join(str(part) for part in title if part and "None" not in str(part)), fontsize="medium")
     ax.legend(fontsize="small")
     ax.grid(axis="y", alpha=0.3)

@@ -51,6 +51,7 @@ import argparse
 import fcntl
 import glob
 import os
+import platform
 import re
 import shlex
 import shutil
@@ -207,12 +208,25 @@ def still_alive(known: set[tuple[int, int]]) -> set[tuple[int, int]]:
     return {(pid, start) for pid, start in known if pid in table and table[pid][1] == start}
 
 
+def machine() -> str:
+    """The host and its CPU model: a study's runs can span machines (sessions, a cluster's nodes), and
+    their SPS and wall-clock times compare only within one."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"{platform.node()}, {model}, {os.cpu_count()} cpus"
+
+
 def start(run: Run, log_dir: str, threads: int):
     run.log_path = os.path.join(log_dir, f"{run.name}.log")
     # A run that resumes itself keeps the log of its earlier attempts (their checkpoints, a
     # traceback) and adds this one's; --skip-done reads the first and the last line.
     with open(run.log_path, "a" if run.resumes else "w") as log:
-        log.write(f"# {run.command}\n# OMP_NUM_THREADS={threads}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        log.write(f"# {run.command}\n# OMP_NUM_THREADS={threads}, started {time.strftime('%Y-%m-%d %H:%M:%S')}"
+                  f" on {machine()}\n")
         log.flush()
         run.log_offset = log.tell()
         # A session of its own: the terminal's Ctrl-C reaches the runner only, which stops each run

@@ -273,6 +273,17 @@ def summarize(samples: dict, scripts: list[str], precisions: list[str], batch_si
     return rows
 
 
+def cpu_description():
+    """The CPU's model name and whether it has AVX-512 BF16, on which the bf16 bars depend (Linux only)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+    except OSError:
+        return None
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    return f"{model}, {'with' if 'avx512_bf16' in info else 'no'} AVX-512 BF16"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scripts", nargs="+", default=SCRIPTS, choices=SCRIPTS + [TORCHRUN_SCRIPT])
@@ -340,7 +351,7 @@ def main():
         setup = {
             "env_id": cli.env_id, "num_envs": cli.num_envs, "num_steps": cli.num_steps, "rounds": cli.rounds,
             "iterations": None if cli.seconds else cli.iterations, "seconds": cli.seconds,
-            "real_only": cli.real_only, "cpus": os.cpu_count(), "torch": torch.__version__,
+            "real_only": cli.real_only, "cpus": os.cpu_count(), "cpu": cpu_description(), "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d %H:%M"),
         }
         with open(cli.json, "w") as f:

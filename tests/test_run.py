@@ -3,6 +3,7 @@ prints the scripts' progress lines in a fraction of a second: local workers, log
 failures, threads, Ctrl-C, and the Slurm array script."""
 
 import os
+import platform
 import pty
 import re
 import shlex
@@ -126,6 +127,9 @@ def test_each_run_gets_cores_divided_by_workers_threads(tmp_path):
         assert result.returncode == 0, result.stderr
         log = (tmp_path / f"w{workers}" / "Pong__fake_train__1.log").read_text()
         assert f"OMP_NUM_THREADS={max(1, CORES // workers)}\n" in log
+        # the header names the machine: a study's runs can span machines, and their SPS compare within one
+        assert re.search(rf"^# OMP_NUM_THREADS={max(1, CORES // workers)}, started .* on {re.escape(platform.node())}, ",
+                         log, re.M)
 
 
 def test_a_torchrun_command_divides_the_threads_by_its_processes_per_node(tmp_path):
