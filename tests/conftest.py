@@ -1,5 +1,7 @@
+import fcntl
 import os
 import sys
+import tempfile
 
 import pytest
 
@@ -8,6 +10,20 @@ import pytest
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+# The README's command runs the tests in 2 processes (pytest-xdist), which share the cores. A test
+# marked `alone` measures speed (which process is faster) and needs the machine to itself: it holds
+# this lock exclusively, every other test holds it shared, from its setup (module fixtures included)
+# to its teardown. Two pytest sessions of one user on one machine share it as well.
+CORES_LOCK = os.path.join(tempfile.gettempdir(), f"cleanrl-fast-tests-{os.getuid()}.lock")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    with open(CORES_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if item.get_closest_marker("alone") else fcntl.LOCK_SH)
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -543,6 +543,7 @@ def measured_split_run(tmp_path_factory):
     return stdout, cwd
 
 
+@pytest.mark.alone  # its fixture's run compares the speed of two processes
 def test_measured_split_moves_environments_to_the_faster_process(measured_split_run):
     stdout, cwd = measured_split_run
     assert "world size 2: 8 envs (4 per process)" in stdout
@@ -559,6 +560,7 @@ def test_measured_split_moves_environments_to_the_faster_process(measured_split_
     assert shares[changed_at][0][1] == int(change[2])
 
 
+@pytest.mark.alone
 def test_measured_split_keeps_every_step_game_and_weight_right(measured_split_run):
     stdout, cwd = measured_split_run
     scalars = read_scalars(run_dirs(cwd)[0])
