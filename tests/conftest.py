@@ -19,11 +19,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 CORES_LOCK = os.path.join(tempfile.gettempdir(), f"cleanrl-fast-tests-{os.getuid()}.lock")
 
 
-@pytest.hookimpl(hookwrapper=True)
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     with open(CORES_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX if item.get_closest_marker("alone") else fcntl.LOCK_SH)
-        yield
+        return (yield)
 
 
 @pytest.fixture(autouse=True)
