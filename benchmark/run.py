@@ -208,16 +208,19 @@ def still_alive(known: set[tuple[int, int]]) -> set[tuple[int, int]]:
     return {(pid, start) for pid, start in known if pid in table and table[pid][1] == start}
 
 
+def cpu_model() -> str:
+    """The CPU's model name from Linux's /proc/cpuinfo, else what `platform` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
 def machine() -> str:
     """The host and its CPU model: a study's runs can span machines (sessions, a cluster's nodes), and
     their SPS and wall-clock times compare only within one."""
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
-    except OSError:
-        pass
-    return f"{platform.node()}, {model}, {os.cpu_count()} cpus"
+    return f"{platform.node()}, {cpu_model()}, {os.cpu_count()} cpus"
 
 
 def start(run: Run, log_dir: str, threads: int):

@@ -43,6 +43,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
+from benchmark.run import cpu_model  # noqa: E402  (the runner's logs name the CPU alike)
+
 SCRIPTS = ["ppo_atari", "ppo_atari_envpool", "ppo_atari_envpool_xla_jax_scan"]
 JAX_SCRIPT = "ppo_atari_envpool_xla_jax_scan"
 TORCHRUN_SCRIPT = "ppo_atari_multigpu"  # real runs with 1 and 2 processes
@@ -273,15 +275,15 @@ def summarize(samples: dict, scripts: list[str], precisions: list[str], batch_si
     return rows
 
 
-def cpu_description():
-    """The CPU's model name and whether it has AVX-512 BF16, on which the bf16 bars depend (Linux only)."""
+def cpu_description() -> str:
+    """The CPU's model name (as the runner's logs give it) and whether it has AVX-512 BF16, on which
+    the bf16 bars depend."""
     try:
         with open("/proc/cpuinfo") as f:
-            info = f.read()
+            bf16 = "avx512_bf16" in f.read()
     except OSError:
-        return None
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
-    return f"{model}, {'with' if 'avx512_bf16' in info else 'no'} AVX-512 BF16"
+        return cpu_model()
+    return f"{cpu_model()}, {'with' if bf16 else 'no'} AVX-512 BF16"
 
 
 def main():
