@@ -4,9 +4,13 @@ Proximal Policy Optimization with the Nature-CNN agent and the standard Atari pr
 (noop reset, frame skip 4 with max-pool, fire on reset, 84x84 grayscale, stack of 4, episodic life
 and reward clipping for learning), all done by envpool's C++ thread pool. envpool resets a finished
 episode on the step after it ends; the loop leaves those reset steps out of the update.
+With `--checkpoint-every K` a run can be stopped and continued (`--resume`).
 Docs: docs/ppo_atari_envpool.md
 """
 
+import fcntl
+import glob
+import hashlib
 import os
 import queue
 import random
@@ -56,6 +60,10 @@ class Args:
     """bf16 autocasts the network's forward passes; loss, advantages and optimizer stay fp32"""
     progress_interval: float = 30.0
     """seconds between plain progress lines when stderr is not a terminal (log files, Slurm, nohup)"""
+    checkpoint_every: int = 0
+    """write a resumable checkpoint (weights, optimizer, random streams, counters) to `runs/{run_name}/checkpoints/` every K iterations and at the end (0: never)"""
+    resume: str | None = None
+    """a checkpoint file to continue its run from, or `auto`: the newest checkpoint by modification time in runs/ of this env_id, exp_name and seed (none: a new run)"""
 
     # Environment
     env_id: str = "Breakout-v5"
@@ -203,11 +211,11 @@ class VideoRecorder:
     """
 
     def __init__(self, folder, env_id, seed, repeat_action_probability, max_episode_steps, schedule=capped_cubic,
-                 track: bool = False, fps: int = 30):
+                 first_game: int = 0, track: bool = False, fps: int = 30):
         import imageio_ffmpeg  # imported here: only video runs pay for it
 
         os.makedirs(folder, exist_ok=True)
-        self.folder, self.schedule, self.game, self.track, self.fps = folder, schedule, 0, track, fps
+        self.folder, self.schedule, self.game, self.track, self.fps = folder, schedule, first_game, track, fps
         self.shadow = make_envs(env_id, 1, repeat_action_probability, seed, max_episode_steps, rgb_frames=True)
         screen, _ = self.shadow.reset()
         self.frames = queue.Queue(maxsize=1000)  # bounded: a stalled encoder slows training, never fills memory
@@ -427,6 +435,118 @@ def load_model(path: str, device) -> tuple[Agent, dict]:
     return agent.to(memory_format=torch.channels_last), saved_args
 
 
+# Arguments a resumed run may change: how it is watched and saved, not what it learns.
+RESUMABLE_CHANGES = {
+    "cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_checkpoint",
+    "eval_episodes", "progress_interval", "checkpoint_every", "resume",
+}
+
+
+def script_digest() -> str:
+    """The SHA-256 of this file: a resumed run says when the code changed since its checkpoint."""
+    with open(__file__, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def lock_run(folder: str):
+    """Holds the run's checkpoint folder for this process, as long as the returned file stays open:
+    a second process resuming the same run (a job started twice, a trainer that outlived its
+    runner) would log every step twice and remove the other's checkpoints."""
+    os.makedirs(folder, exist_ok=True)
+    lock = open(os.path.join(folder, "lock"), "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        fail(f"{folder} is in use: another process is running this run (stop it, or wait for it to end)")
+    return lock
+
+
+def rng_state(device) -> dict:
+    """The process's random streams, in types `torch.load(weights_only=True)` reads back."""
+    name, keys, position, has_gauss, cached_gaussian = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": (name, keys.tolist(), int(position), int(has_gauss), float(cached_gaussian)),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+    }
+
+
+def set_rng_state(state: dict, device):
+    random.setstate(state["python"])
+    name, keys, position, has_gauss, cached_gaussian = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), position, has_gauss, cached_gaussian))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def save_checkpoint(folder: str, iteration: int, global_step: int, agent: Agent, optimizer, env0_games: int,
+                    recent_returns: deque, device, args: Args, run_name: str) -> str:
+    """Everything a resumed run needs. Written to a temporary file, synced and renamed, so a crash
+    leaves either the previous checkpoint or this one, never a truncated file. The newest two are kept."""
+    path = os.path.join(folder, f"iteration-{iteration:07d}.pt")
+    payload = {
+        "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
+        "iteration": iteration, "global_step": global_step, "rng_state": rng_state(device),
+        "env0_games": env0_games,  # the games env 0 finished: a resumed run numbers its videos on
+        "recent_returns": list(recent_returns), "args": vars(args), "run_name": run_name,
+        "script_sha256": script_digest(),
+    }
+    with open(path + ".tmp", "wb") as f:
+        torch.save(payload, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+    directory = os.open(folder, os.O_RDONLY)  # the rename itself must reach the disk too
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    for older in sorted(glob.glob(os.path.join(folder, "iteration-*.pt")))[:-2]:
+        os.remove(older)
+    return path
+
+
+def read_checkpoint(resume: str, args: Args) -> dict | None:
+    """The checkpoint `--resume` names, or None when `auto` finds none. Its run's arguments must be
+    this command's, but for RESUMABLE_CHANGES."""
+    if resume == "auto":
+        run_prefix = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__"
+        found = glob.glob(os.path.join("runs", f"{glob.escape(run_prefix)}*", "checkpoints", "iteration-*.pt"))
+        if not found:
+            print(f"--resume auto: no checkpoint of {run_prefix}* in runs/, starting a new run")
+            return None
+        path = max(found, key=os.path.getmtime)
+        print(f"--resume auto: {path}, the newest by modification time of {len(found)} checkpoint(s) of {run_prefix}*")
+    else:
+        path = resume
+    if not os.path.isfile(path):
+        fail(f"--resume {path!r}: no such checkpoint file (pass a runs/*/checkpoints/iteration-*.pt file or auto)")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+        payload["iteration"], payload["optimizer"], payload["rng_state"], payload["run_name"]
+        saved_args = dict(payload["args"])
+    except Exception as e:  # an unreadable file, or a saved model instead of a checkpoint
+        fail(f"--resume {path!r} is not a readable {os.path.basename(__file__)} checkpoint ({type(e).__name__})")
+    for name, value in vars(args).items():
+        if name not in RESUMABLE_CHANGES and saved_args.get(name) != value:
+            fail(f"--resume: the checkpoint's run has {name}={saved_args.get(name)!r}, this command {value!r}: "
+                 "resume with the run's arguments")
+    payload["path"] = path
+    return payload
+
+
+def restore_checkpoint(checkpoint: dict, agent: Agent, optimizer, recent_returns: deque, device) -> tuple[int, int]:
+    """Puts what read_checkpoint() read back into the run; returns (iteration, global_step)."""
+    agent.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    set_rng_state(checkpoint["rng_state"], device)
+    recent_returns.extend(checkpoint["recent_returns"])  # for the progress lines only
+    return checkpoint["iteration"], checkpoint["global_step"]
+
+
 def evaluate(
     agent: Agent,
     env_id: str,
@@ -569,6 +689,8 @@ def main(args: Args):
     envpool_task(args.env_id)  # an unknown env id fails here, before anything is written
     if args.eval_checkpoint is None and args.num_iterations < 1:
         fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch ({args.batch_size} steps)")
+    if args.checkpoint_every < 0:
+        fail(f"--checkpoint-every must be 0 (never) or positive, got {args.checkpoint_every}")
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -579,6 +701,12 @@ def main(args: Args):
     warn_if_bf16_is_slow(args.mixed_precision, device)
 
     run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    training = args.eval_checkpoint is None
+    checkpoint = read_checkpoint(args.resume, args) if training and args.resume is not None else None
+    if checkpoint is not None:
+        run_name = checkpoint["run_name"]  # a resumed run goes on in its own directory
+    checkpoint_folder = f"runs/{run_name}/checkpoints"
+    run_lock = lock_run(checkpoint_folder) if training and (args.checkpoint_every or checkpoint) else None
     if args.track:
         import wandb
 
@@ -588,20 +716,28 @@ def main(args: Args):
             sync_tensorboard=True,
             config=vars(args),
             name=run_name,
+            id=run_name,  # a resumed run continues the same wandb run
+            resume="allow",
             save_code=True,
         )
-    writer = SummaryWriter(f"runs/{run_name}")
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
-    )
+    # A resumed run hides whatever the interrupted one logged after its checkpoint: no step twice.
+    writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
+    if checkpoint is None:
+        writer.add_text(
+            "hyperparameters",
+            "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+        )
 
-    if args.eval_checkpoint is not None:
+    if not training:
         run_evaluation(args, device, writer, run_name)
         writer.close()
         return
 
-    envs = make_envs(args.env_id, args.num_envs, args.repeat_action_probability, args.seed, args.max_episode_steps)
+    # Environment i gets seed + i. The games in progress at a checkpoint are not in it (nor logged):
+    # a resumed run starts new games, on seeds the run has not used (seed + iteration * num_envs + i).
+    start_iteration = checkpoint["iteration"] if checkpoint is not None else 0
+    env_seed = args.seed + start_iteration * args.num_envs
+    envs = make_envs(args.env_id, args.num_envs, args.repeat_action_probability, env_seed, args.max_episode_steps)
     num_actions = int(envs.single_action_space.n)
     agent = Agent(num_actions).to(device).to(memory_format=torch.channels_last)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
@@ -616,8 +752,18 @@ def main(args: Args):
     played = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
 
-    global_step = 0
-    start_time = time.time()
+    global_step, env0_games = 0, 0
+    recent_returns = deque(maxlen=20)
+    if checkpoint is not None:
+        start_iteration, global_step = restore_checkpoint(checkpoint, agent, optimizer, recent_returns, device)
+        env0_games = checkpoint["env0_games"]
+        print(f"resumed {run_name} at iteration {start_iteration} (step {global_step:,}) from {checkpoint['path']}",
+              flush=True)
+        if checkpoint["script_sha256"] != script_digest():
+            print(f"warning: {os.path.basename(__file__)} has changed since the checkpoint was written: "
+                  "the run goes on with the code as it is now", flush=True)
+        del checkpoint
+
     next_obs_np, _ = envs.reset()
     next_obs = torch.from_numpy(next_obs_np).to(device)
     # envpool resets an environment on the step *after* its episode ended: that reset step ignores
@@ -626,15 +772,15 @@ def main(args: Args):
     # out of the update (played = False); it still counts towards global_step.
     reset_step = np.zeros(args.num_envs, dtype=bool)
     episode_stats = EpisodeStatistics(args.num_envs)
-    recent_returns = deque(maxlen=20)
     progress = Progress(args.num_iterations * args.batch_size, args.progress_interval)
     if args.capture_video:
         video = VideoRecorder(
-            f"videos/{run_name}", args.env_id, args.seed, args.repeat_action_probability, args.max_episode_steps,
-            track=args.track,
+            f"videos/{run_name}", args.env_id, env_seed, args.repeat_action_probability, args.max_episode_steps,
+            first_game=env0_games, track=args.track,
         )
+    start_time, start_global_step, sps = time.time(), global_step, 0
 
-    for iteration in range(1, args.num_iterations + 1):
+    for iteration in range(start_iteration + 1, args.num_iterations + 1):
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
@@ -664,6 +810,7 @@ def main(args: Args):
 
             if args.capture_video:
                 video.step(action[0])
+            env0_games += bool(game_over[0])
             for i, episodic_return, episodic_length in episode_stats.step(info["reward"], game_over, ~reset_step):
                 recent_returns.append(episodic_return)
                 # The env steps of one vector step count as consecutive global steps, env 0 first,
@@ -710,7 +857,7 @@ def main(args: Args):
         var_y = np.var(y_true)
         explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 
-        sps = int(global_step / (time.time() - start_time))
+        sps = int((global_step - start_global_step) / (time.time() - start_time))
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         writer.add_scalar("losses/value_loss", stats["value_loss"].item(), global_step)
         writer.add_scalar("losses/policy_loss", stats["policy_loss"].item(), global_step)
@@ -721,6 +868,12 @@ def main(args: Args):
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
         progress.show(global_step, sps, recent_returns)
+
+        if args.checkpoint_every and (iteration % args.checkpoint_every == 0 or iteration == args.num_iterations):
+            writer.flush()  # everything up to this checkpoint is on disk before it counts
+            path = save_checkpoint(checkpoint_folder, iteration, global_step, agent, optimizer, env0_games,
+                                   recent_returns, device, args, run_name)
+            print(f"checkpoint {path}", flush=True)
 
     progress.close()
     recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
@@ -738,6 +891,8 @@ def main(args: Args):
         print(f"model saved to {model_path}")
         run_evaluation(args, device, writer, run_name, agent)
     writer.close()
+    if run_lock is not None:
+        run_lock.close()
 
 
 if __name__ == "__main__":

@@ -5,10 +5,13 @@ reward clipping, reset steps kept out of the update, truncations bootstrapped), 
 envpool's XLA interface puts the environment steps inside the compiled rollout: one `jax.lax.scan`
 plays all the steps of an iteration; GAE is a reverse scan; all epochs and minibatches of the
 update are one compiled `lax.scan`. Data parallel over all local devices (shard_map), each with its
-own envpool, and over several hosts with `jax.distributed`.
+own envpool, and over several hosts with `jax.distributed`. With `--checkpoint-every K` a run can be
+stopped and continued (`--resume`), on the same or another number of devices.
 Docs: docs/ppo_atari_envpool_xla_jax_scan.md
 """
 
+import fcntl
+import glob
 import hashlib
 import os
 import queue
@@ -59,6 +62,10 @@ class Args:
     """bf16 computes the network body in bfloat16; heads, parameters, gradients, loss and optimizer stay fp32"""
     progress_interval: float = 30.0
     """seconds between plain progress lines when stderr is not a terminal (log files, Slurm, nohup)"""
+    checkpoint_every: int = 0
+    """write a resumable checkpoint (parameters, optimizer, random key, counters) to `runs/{run_name}/checkpoints/` every K iterations and at the end (0: never); several hosts must share runs/"""
+    resume: str | None = None
+    """a checkpoint file to continue its run from, or `auto`: the newest checkpoint by modification time in runs/ of this env_id, exp_name and seed (none: a new run)"""
 
     # Environment
     env_id: str = "Breakout-v5"
@@ -213,7 +220,7 @@ class VideoRecorder:
 
     def __init__(
         self, folder: str, env_id: str, seed: int, repeat_action_probability: float, max_episode_steps: int,
-        max_games: int | None = None, upload: bool = False, fps: int = 30,
+        max_games: int | None = None, upload: bool = False, fps: int = 30, first_game: int = 0,
     ):
         from gymnasium.utils.save_video import capped_cubic_video_schedule  # imported here: only videos need it
 
@@ -222,7 +229,7 @@ class VideoRecorder:
             env_id, 1, repeat_action_probability, seed, max_episode_steps, num_threads=1, rgb_frames=True
         )
         self.scheduled = lambda game: capped_cubic_video_schedule(game) and (max_games is None or game < max_games)
-        self.folder, self.upload, self.fps = folder, upload, fps
+        self.folder, self.upload, self.fps, self.first_game = folder, upload, fps, first_game
         self.rollouts, self.in_sync, self.error = queue.Queue(), True, None
         self.thread = threading.Thread(target=self._record, daemon=True)
         self.thread.start()
@@ -251,7 +258,7 @@ class VideoRecorder:
         from moviepy.video.io.ffmpeg_writer import FFMPEG_VideoWriter
 
         self.env.reset()
-        game, score, reset_next, video = 0, 0.0, False, None
+        game, score, reset_next, video = self.first_game, 0.0, False, None
         path = lambda game, suffix="": os.path.join(self.folder, f"game-{game}{suffix}.mp4")
         while (rollout := self.rollouts.get()) is not None:
             for action, game_over, episodic_return in zip(*rollout):
@@ -651,6 +658,98 @@ def load_model(path: str) -> tuple[int, Any, dict]:
     return num_actions, params, saved_args
 
 
+# Arguments a resumed run may change: how it is watched and saved, and the devices it runs on (the
+# job's batch, minibatches and environments stay the run's), not what it learns.
+RESUMABLE_CHANGES = {
+    "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_checkpoint", "eval_episodes",
+    "progress_interval", "checkpoint_every", "resume", "coordinator_address", "num_processes", "process_id",
+    "num_devices", "local_num_envs", "local_batch_size",
+}
+
+
+def script_digest() -> str:
+    """The SHA-256 of this file: a resumed run says when the code changed since its checkpoint."""
+    with open(__file__, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def lock_run(folder: str):
+    """Holds the run's checkpoint folder for this process, as long as the returned file stays open:
+    a second process resuming the same run (a job started twice, a trainer that outlived its
+    runner) would log every step twice and remove the other's checkpoints."""
+    os.makedirs(folder, exist_ok=True)
+    lock = open(os.path.join(folder, "lock"), "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        fail(f"{folder} is in use: another process is running this run (stop it, or wait for it to end)")
+    return lock
+
+
+def save_checkpoint(folder: str, iteration: int, global_step: int, train_state: TrainState, key, env0_games: int,
+                    recent_returns: deque, args: Args, run_name: str) -> str:
+    """Everything a resumed run needs (train_state: host arrays), as msgpack. Written to a temporary
+    file, synced and renamed, so a crash leaves either the previous checkpoint or this one, never a
+    truncated file. The newest two are kept."""
+    path = os.path.join(folder, f"iteration-{iteration:07d}.msgpack")
+    payload = {
+        "train_state": flax.serialization.to_state_dict(train_state), "key": np.asarray(jax.random.key_data(key)),
+        "iteration": iteration, "global_step": global_step,
+        "env0_games": env0_games,  # the games env 0 finished: a resumed run numbers its videos on
+        "recent_returns": list(recent_returns), "args": vars(args), "run_name": run_name,
+        "script_sha256": script_digest(),
+    }
+    with open(path + ".tmp", "wb") as f:
+        f.write(flax.serialization.msgpack_serialize(payload))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+    directory = os.open(folder, os.O_RDONLY)  # the rename itself must reach the disk too
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    for older in sorted(glob.glob(os.path.join(folder, "iteration-*.msgpack")))[:-2]:
+        os.remove(older)
+    return path
+
+
+def read_checkpoint(resume: str, args: Args, template: TrainState) -> dict | None:
+    """The checkpoint `--resume` names, its train state rebuilt on `template` (host arrays), or None
+    when `auto` finds none. Its run's arguments must be this command's, but for RESUMABLE_CHANGES."""
+    if resume == "auto":
+        run_prefix = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__"
+        found = glob.glob(os.path.join("runs", f"{glob.escape(run_prefix)}*", "checkpoints", "iteration-*.msgpack"))
+        if not found:
+            print(f"--resume auto: no checkpoint of {run_prefix}* in runs/, starting a new run")
+            return None
+        path = max(found, key=os.path.getmtime)
+        print(f"--resume auto: {path}, the newest by modification time of {len(found)} checkpoint(s) of {run_prefix}*")
+    else:
+        path = resume
+    if not os.path.isfile(path):
+        fail(f"--resume {path!r}: no such checkpoint file (pass a runs/*/checkpoints/iteration-*.msgpack file or auto)")
+    try:
+        with open(path, "rb") as f:
+            payload = flax.serialization.msgpack_restore(f.read())
+        payload["iteration"], payload["global_step"], payload["run_name"]
+        saved_args = dict(payload["args"])
+        train_state = flax.serialization.from_state_dict(template, payload["train_state"])
+        for saved, expected in zip(jax.tree.leaves(train_state), jax.tree.leaves(template), strict=True):
+            if saved.shape != expected.shape or saved.dtype != expected.dtype:
+                raise ValueError("parameter shapes differ")
+        payload["train_state"], payload["key"] = train_state, jax.random.wrap_key_data(payload["key"])
+    except Exception as e:  # an unreadable file, or a saved model instead of a checkpoint
+        fail(f"--resume {path!r} is not a readable {os.path.basename(__file__)} checkpoint ({type(e).__name__})")
+    for name, value in vars(args).items():
+        if name not in RESUMABLE_CHANGES and saved_args.get(name) != value:
+            fail(f"--resume: the checkpoint's run has {name}={saved_args.get(name)!r}, this command {value!r}: "
+                 "resume with the run's arguments")
+    payload["path"] = path
+    return payload
+
+
 def evaluate(
     agent: Agent, params, env_id: str, eval_episodes: int, seed: int = 0, repeat_action_probability: float = 0.0,
     max_episode_steps: int = 27_000, num_steps: int = 128, video_folder: str | None = None, upload: bool = False,
@@ -789,10 +888,52 @@ def main(args: Args):
     envpool_task(args.env_id)  # an unknown env id fails here, before anything is written
     if args.eval_checkpoint is None and args.num_iterations < 1:
         fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch ({args.batch_size} steps)")
+    if args.checkpoint_every < 0:
+        fail(f"--checkpoint-every must be 0 (never) or positive, got {args.checkpoint_every}")
 
     # Logging is process 0's job; every process trains.
     is_main = jax.process_index() == 0
     run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    training = args.eval_checkpoint is None
+    if not training:
+        if is_main:
+            writer = SummaryWriter(f"runs/{run_name}")
+            run_evaluation(args, writer, run_name)
+            writer.close()
+        return
+
+    # The agent and its optimizer come first: a checkpoint is read back into their shapes.
+    # Adam's learning rate is applied by the update (annealed per iteration), not by optax.
+    key = jax.random.key(args.seed)
+    key, init_key = jax.random.split(key)
+    num_actions = int(envpool.make_spec(envpool_task(args.env_id)).action_space.n)
+    agent = Agent(num_actions, jnp.bfloat16 if args.mixed_precision == "bf16" else jnp.float32)
+    tx = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optax.scale_by_adam(eps=1e-5))
+    init = lambda key: TrainState(params := init_params(agent, key), tx.init(params))
+    mesh = Mesh(np.array(jax.devices()), ("devices",))
+    replicated = NamedSharding(mesh, P())
+    train_state = jax.jit(init, out_shardings=replicated)(init_key)  # the same on every device
+
+    # Every process reads the checkpoint (several hosts: from the runs/ they share) and checks that
+    # they all found the same one.
+    checkpoint = None
+    if args.resume is not None:
+        checkpoint = read_checkpoint(args.resume, args, jax.eval_shape(init, init_key))
+    if jax.process_count() > 1:
+        found = multihost_utils.process_allgather(np.int64(checkpoint["global_step"] if checkpoint else -1))
+        if len(set(found.tolist())) > 1:
+            fail(f"--resume: the processes found different checkpoints (at steps {found.tolist()}, -1: none)")
+    start_iteration, global_step, env0_games = 0, 0, 0
+    recent_returns = deque(maxlen=20)
+    if checkpoint is not None:
+        run_name = checkpoint["run_name"]  # a resumed run goes on in its own directory
+        train_state = jax.device_put(checkpoint["train_state"], replicated)
+        key, start_iteration, global_step = checkpoint["key"], checkpoint["iteration"], checkpoint["global_step"]
+        env0_games = checkpoint["env0_games"]
+        recent_returns.extend(checkpoint["recent_returns"])  # for the progress lines only
+    checkpoint_folder = f"runs/{run_name}/checkpoints"
+    run_lock = lock_run(checkpoint_folder) if is_main and (args.checkpoint_every or checkpoint) else None
+
     writer = None
     if is_main:
         if args.track:
@@ -804,26 +945,32 @@ def main(args: Args):
                 sync_tensorboard=True,
                 config=vars(args),
                 name=run_name,
+                id=run_name,  # a resumed run continues the same wandb run
+                resume="allow",
                 save_code=True,
             )
-        writer = SummaryWriter(f"runs/{run_name}")
-        writer.add_text(
-            "hyperparameters",
-            "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
-        )
-
-    if args.eval_checkpoint is not None:
-        if is_main:
-            run_evaluation(args, writer, run_name)
-            writer.close()
-        return
+        # A resumed run hides whatever the interrupted one logged after its checkpoint: no step twice.
+        writer = SummaryWriter(f"runs/{run_name}", purge_step=global_step + 1 if checkpoint else None)
+        if checkpoint is None:
+            writer.add_text(
+                "hyperparameters",
+                "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+            )
+        else:
+            print(f"resumed {run_name} at iteration {start_iteration} (step {global_step:,}) from {checkpoint['path']}",
+                  flush=True)
+            if checkpoint["script_sha256"] != script_digest():
+                print(f"warning: {os.path.basename(__file__)} has changed since the checkpoint was written: "
+                      "the run goes on with the code as it is now", flush=True)
+    del checkpoint
 
     # Devices: one mesh axis over every device of the job. Each device of this process gets its own
-    # envpool and its share of the environments; environment i of the job has seed seed + i.
-    mesh = Mesh(np.array(jax.devices()), ("devices",))
+    # envpool and its share of the environments; environment i of the job has seed seed + i. The games
+    # in progress at a checkpoint are not in it (nor logged): a resumed run starts new games, on seeds
+    # the run has not used (seed + iteration * num_envs + i).
     local_devices = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
     device_index = {d: i for i, d in enumerate(mesh.devices.flat)}
-    replicated = NamedSharding(mesh, P())
+    env_seed = args.seed + start_iteration * args.num_envs
     if is_main:
         print(
             f"{args.num_devices} {jax.default_backend()} device(s) on {jax.process_count()} process(es):"
@@ -836,7 +983,7 @@ def main(args: Args):
     for device in local_devices:
         env = make_envs(
             args.env_id, args.local_num_envs, args.repeat_action_probability,
-            args.seed + device_index[device] * args.local_num_envs, args.max_episode_steps,
+            env_seed + device_index[device] * args.local_num_envs, args.max_episode_steps,
             num_threads=min(args.local_num_envs, env_threads),
         )
         handle, _, _, env_step = env.xla()
@@ -846,22 +993,13 @@ def main(args: Args):
         envs.append(env)
         env_states.append(jax.device_put(EnvState(handle, obs, np.zeros(n, bool), episode), device))
         env_steps.append(env_step)
-    num_actions = int(envs[0].single_action_space.n)
     recorder = None
     if args.capture_video and is_main:
         # The first env of this process's first device: env 0 of the job on process 0.
         recorder = VideoRecorder(
-            f"videos/{run_name}", args.env_id, args.seed + device_index[local_devices[0]] * args.local_num_envs,
-            args.repeat_action_probability, args.max_episode_steps, upload=args.track,
+            f"videos/{run_name}", args.env_id, env_seed + device_index[local_devices[0]] * args.local_num_envs,
+            args.repeat_action_probability, args.max_episode_steps, upload=args.track, first_game=env0_games,
         )
-
-    key = jax.random.key(args.seed)
-    key, init_key = jax.random.split(key)
-    agent = Agent(num_actions, jnp.bfloat16 if args.mixed_precision == "bf16" else jnp.float32)
-    # Adam's learning rate is applied by the update (annealed per iteration), not by optax.
-    tx = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optax.scale_by_adam(eps=1e-5))
-    init = lambda key: TrainState(params := init_params(agent, key), tx.init(params))
-    train_state = jax.jit(init, out_shardings=replicated)(init_key)  # the same on every device
     # One compiled rollout per device: envpool's XLA calls name their envpool in the program itself.
     rollouts = [jax.jit(partial(rollout, agent, env_step, num_steps=args.num_steps)) for env_step in env_steps]
 
@@ -893,12 +1031,9 @@ def main(args: Args):
 
     host = lambda x: np.asarray(x.addressable_data(0))  # a replicated value, read on this process
 
-    global_step = 0
-    start_time = time.time()
-    recent_returns = deque(maxlen=20)
-    sps = 0
+    start_time, start_global_step, sps = time.time(), global_step, 0
     progress = Progress(args.num_iterations * args.batch_size, args.progress_interval)
-    for iteration in range(1, args.num_iterations + 1):
+    for iteration in range(start_iteration + 1, args.num_iterations + 1):
         learning_rate = args.learning_rate
         if args.anneal_lr:
             learning_rate *= 1.0 - (iteration - 1.0) / args.num_iterations
@@ -921,6 +1056,7 @@ def main(args: Args):
         game_over, episodic_returns, episodic_lengths = multihost_utils.process_allgather(
             (transitions.game_over, transitions.episodic_returns, transitions.episodic_lengths), tiled=True
         )
+        env0_games += int(game_over[:, 0].sum())
         for step, i in zip(*np.nonzero(game_over)):
             game_step = global_step + step * args.num_envs + i + 1
             recent_returns.append(float(episodic_returns[step, i]))
@@ -932,7 +1068,7 @@ def main(args: Args):
             recorder.add(recorded.actions[:, 0], recorded.game_over[:, 0], recorded.episodic_returns[:, 0])
         global_step += args.batch_size
 
-        sps = int(global_step / (time.time() - start_time))
+        sps = int((global_step - start_global_step) / (time.time() - start_time))
         if is_main:
             writer.add_scalar("charts/learning_rate", learning_rate, global_step)
             writer.add_scalar("losses/value_loss", host(stats["value_loss"]), global_step)
@@ -944,6 +1080,14 @@ def main(args: Args):
             writer.add_scalar("losses/explained_variance", host(explained_var), global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
             progress.show(global_step, sps, recent_returns)
+
+        if args.checkpoint_every and (iteration % args.checkpoint_every == 0 or iteration == args.num_iterations):
+            if is_main:
+                writer.flush()  # everything up to this checkpoint is on disk before it counts
+                host_state = jax.device_get(on_device(train_state, local_devices[0]))
+                path = save_checkpoint(checkpoint_folder, iteration, global_step, host_state, key, env0_games,
+                                       recent_returns, args, run_name)
+                print(f"checkpoint {path}", flush=True)
 
     # Every device must hold the same parameters: the same gradient is applied everywhere.
     as_bytes = lambda params: b"".join(np.asarray(leaf).tobytes() for leaf in jax.tree.leaves(params))
@@ -968,6 +1112,8 @@ def main(args: Args):
         run_evaluation(args, writer, run_name, agent, params)
     if is_main:
         writer.close()
+    if run_lock is not None:
+        run_lock.close()
 
 
 if __name__ == "__main__":

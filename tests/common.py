@@ -692,3 +692,120 @@ def assert_episodes_0_1_8_recorded_and_uploaded(run_folder):
     assert all(os.path.getsize(v) > 1000 for v in paths)
     uploaded = glob.glob(os.path.join(str(run_folder), "wandb", "offline-run-*", "files", "videos", "*", "*.mp4"))
     assert sorted(os.path.basename(v) for v in uploaded) == videos
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints and resume
+# ---------------------------------------------------------------------------------------------
+class CutOff(Exception):
+    """The machine went away."""
+
+
+def flushing_writer(module):
+    """The script's SummaryWriter, with every event on disk at once: what a run logged after its
+    checkpoint is there for the resumed run to hide."""
+
+    class FlushingWriter(module.SummaryWriter):
+        def add_scalar(self, *args, **kwargs):
+            super().add_scalar(*args, **kwargs)
+            self.flush()
+
+    return FlushingWriter
+
+
+def cut_off_at(module, monkeypatch, step: int):
+    """The script's next run stops (raises CutOff) right after its progress line at `step`."""
+    show = module.Progress.show
+
+    def show_then_cut_off(self, global_step, sps, recent_returns):
+        show(self, global_step, sps, recent_returns)
+        if global_step == step:
+            raise CutOff()
+
+    monkeypatch.setattr(module.Progress, "show", show_then_cut_off)
+    return lambda: monkeypatch.setattr(module.Progress, "show", show)
+
+
+def watch_torch_checkpoint(module, monkeypatch, iteration: int) -> list:
+    """Copies what a torch PPO script's checkpoint at `iteration` saved from the live run (weights,
+    Adam's moments, the torch random stream, the recent returns) and checks that restore_checkpoint
+    puts each back exactly; returns the list of restores checked."""
+    import copy
+
+    import torch
+
+    save, restore, saved, checked = module.save_checkpoint, module.restore_checkpoint, {}, []
+
+    def save_and_keep_a_copy(folder, at_iteration, global_step, agent, optimizer, env0_games, recent_returns, *rest):
+        if at_iteration == iteration:
+            saved.update(model=copy.deepcopy(agent.state_dict()), optimizer=copy.deepcopy(optimizer.state_dict()),
+                         torch_rng=torch.get_rng_state(), recent_returns=list(recent_returns), env0_games=env0_games)
+        return save(folder, at_iteration, global_step, agent, optimizer, env0_games, recent_returns, *rest)
+
+    def restore_and_compare(checkpoint, agent, optimizer, recent_returns, device):
+        steps = restore(checkpoint, agent, optimizer, recent_returns, device)
+        for name, value in saved["model"].items():
+            torch.testing.assert_close(agent.state_dict()[name], value, rtol=0, atol=0)
+        for index, state in saved["optimizer"]["state"].items():
+            for name, value in state.items():
+                torch.testing.assert_close(optimizer.state_dict()["state"][index][name], value, rtol=0, atol=0)
+        assert torch.equal(torch.get_rng_state(), saved["torch_rng"])
+        assert list(recent_returns) == saved["recent_returns"] and checkpoint["env0_games"] == saved["env0_games"]
+        checked.append(steps)
+        return steps
+
+    monkeypatch.setattr(module, "save_checkpoint", save_and_keep_a_copy)
+    monkeypatch.setattr(module, "restore_checkpoint", restore_and_compare)
+    return checked
+
+
+def assert_ppo_run_resumes_where_its_checkpoint_left_it(module, tmp_path, monkeypatch, capsys, args: dict,
+                                                        extension: str = "pt") -> str:
+    """A PPO script's run of 4 iterations, a checkpoint every 2, is cut off after iteration 3 (logged,
+    past its checkpoint). A second process cannot take the run over while the first holds it, nor a
+    command with other hyperparameters; `--resume auto` goes on from iteration 2 in the run's own
+    directory: every iteration logged once, the learning rate annealed over the whole run, no game
+    twice. Returns the resumed run's output."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(module, "SummaryWriter", flushing_writer(module))
+    batch = args["num_envs"] * args["num_steps"]
+    run = dict(args, total_timesteps=4 * batch, checkpoint_every=2)
+    import pytest
+
+    uncut = cut_off_at(module, monkeypatch, 3 * batch)
+    with pytest.raises(CutOff):
+        module.main(module.Args(**run))
+    uncut()
+    (run_dir,) = run_dirs(tmp_path)
+    checkpoints = os.path.join(run_dir, "checkpoints")
+    assert sorted(os.listdir(checkpoints)) == [f"iteration-0000002.{extension}", "lock"]
+    capsys.readouterr()
+
+    lock = module.lock_run(checkpoints)  # a process still running the run
+    assert_main_fails_with(module.main, module.Args(**run, resume="auto"), "checkpoints is in use")
+    lock.close()
+    assert_main_fails_with(module.main, module.Args(**dict(run, clip_coef=0.2), resume="auto"),
+                           "the checkpoint's run has clip_coef=0.1, this command 0.2")
+    missing = os.path.join(checkpoints, "iteration-0000009.pt")
+    assert_main_fails_with(module.main, module.Args(**run, resume=missing), "no such checkpoint file")
+    (tmp_path / "corrupt.pt").write_bytes(b"not a checkpoint")
+    assert_main_fails_with(module.main, module.Args(**run, resume="corrupt.pt"), "not a readable")
+
+    module.main(module.Args(**run, resume="auto"))
+    output = capsys.readouterr().out
+    assert re.search(rf"resumed \S+ at iteration 2 \(step {2 * batch:,}\) from {re.escape(os.path.relpath(checkpoints, tmp_path))}/iteration-0000002"
+                     rf"\.{extension}", output), output
+    assert "has changed since the checkpoint" not in output
+    assert f"finished 4 iterations, {4 * batch} steps" in output
+    assert run_dirs(tmp_path) == [run_dir], "the resumed run goes on in its own directory"
+    scalars = read_scalars(run_dir)
+    iteration_steps = [batch * i for i in range(1, 5)]
+    for tag in ("losses/value_loss", "charts/learning_rate", "charts/SPS"):
+        assert [step for step, _ in scalars[tag]] == iteration_steps, tag
+    learning_rate = module.Args().learning_rate
+    np.testing.assert_allclose([value for _, value in scalars["charts/learning_rate"]],
+                               [learning_rate * (1 - i / 4) for i in range(4)], rtol=1e-6)
+    game_steps = [step for step, _ in scalars["charts/episodic_return"]]
+    assert game_steps and game_steps == sorted(set(game_steps)), "every game once, none of the cut-off attempt's past iteration 2"
+    assert sorted(os.listdir(checkpoints)) == [f"iteration-000000{i}.{extension}" for i in (2, 4)] + ["lock"]
+    return output

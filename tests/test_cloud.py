@@ -317,9 +317,9 @@ def test_dry_run_prints_valid_requests_and_needs_no_aws():
 
 
 def test_scripts_without_checkpoints_get_no_resume_flags():
-    _, fields = submit.script_fields(["python", "cleanrl/ppo_atari.py"])
-    command = submit.container_command(["python", "cleanrl/ppo_atari.py"], fields, "Pong-v5", 3, "s", 50)
-    assert command == ["python", "cleanrl/ppo_atari.py", "--env-id", "Pong-v5", "--seed", "3", "--exp-name", "s"]
+    _, fields = submit.script_fields(["python", "cleanrl/ppo.py"])
+    command = submit.container_command(["python", "cleanrl/ppo.py"], fields, "CartPole-v1", 3, "s", 50)
+    assert command == ["python", "cleanrl/ppo.py", "--env-id", "CartPole-v1", "--seed", "3", "--exp-name", "s"]
 
 
 def test_a_script_that_checkpoints_every_n_env_steps_gets_its_interval_from_the_command():

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 from common import (
-    DQN_TAGS, assert_corrupt_checkpoint_rejected, assert_evaluation_printed,
+    DQN_TAGS, CutOff, assert_corrupt_checkpoint_rejected, assert_evaluation_printed,
     assert_evaluation_warns_when_emulator_settings_differ, assert_linear_epsilon_schedule, assert_main_fails_with,
     assert_progress_lines_off_a_terminal, assert_saved_model_loads_identically,
     assert_target_update_copies_or_averages, assert_td_target_bootstraps_from_the_target_network,
     assert_td_target_matches_reference, assert_user_error, assert_videos_show_whole_games_of_env_0,
-    capped_cubic_games, read_scalars, recording_make_envs, run_dirs, run_script,
+    capped_cubic_games, cut_off_at, flushing_writer, read_scalars, recording_make_envs, run_dirs, run_script,
 )
 
 import cleanrl.dqn_atari as dqn_atari
@@ -380,31 +380,13 @@ def test_the_memory_survives_a_checkpoint_and_a_resumed_run_starts_new_games_in_
     np.testing.assert_array_equal(step["obs"], new_game), "the new game's stack is zero-padded, not the old game's"
 
 
-class CutOff(Exception):
-    """The machine went away."""
-
-
-class FlushingWriter(dqn_atari.SummaryWriter):
-    """Every event reaches the disk at once: what a run logged after its checkpoint is there to hide."""
-
-    def add_scalar(self, *args, **kwargs):
-        super().add_scalar(*args, **kwargs)
-        self.flush()
-
-
 def test_a_resumed_run_goes_on_in_its_directory_with_each_step_logged_once(tmp_path, monkeypatch, capsys):
     # 800 steps, updates from step 200 every 4 steps, a checkpoint every 400; the first attempt is
     # cut off at step 500, after its checkpoint at 400 and 100 steps logged past it.
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(dqn_atari, "SummaryWriter", FlushingWriter)
+    monkeypatch.setattr(dqn_atari, "SummaryWriter", flushing_writer(dqn_atari))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    show = dqn_atari.Progress.show
-
-    def cut_off_at_500(self, global_step, sps, recent_returns):
-        show(self, global_step, sps, recent_returns)
-        if global_step == 500:
-            raise CutOff()
 
     # What the first attempt saved at 400 (copies), and what the resumed one made of it.
     save, restore, saved, mapped_after_removal = dqn_atari.save_checkpoint, dqn_atari.restore_checkpoint, {}, []
@@ -439,10 +421,10 @@ def test_a_resumed_run_goes_on_in_its_directory_with_each_step_logged_once(tmp_p
     monkeypatch.setattr(dqn_atari, "restore_checkpoint", restore_and_compare)
     args = dict(total_timesteps=800, learning_starts=200, buffer_size=2000, end_e=0.5, checkpoint_every=400, cuda=False)
     try:
-        monkeypatch.setattr(dqn_atari.Progress, "show", cut_off_at_500)
+        uncut = cut_off_at(dqn_atari, monkeypatch, 500)
         with pytest.raises(CutOff):
             dqn_atari.main(dqn_atari.Args(**args))
-        monkeypatch.setattr(dqn_atari.Progress, "show", show)
+        uncut()
         assert saved["optimizer"]["state"], "the checkpoint at 400 holds Adam's moments (50 updates)"
         (run_dir,) = run_dirs(tmp_path)
         # a process that is still running the run keeps a second one from resuming it

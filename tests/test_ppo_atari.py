@@ -11,9 +11,10 @@ from common import (
     assert_corrupt_checkpoint_rejected, assert_evaluation_printed,
     assert_evaluation_warns_when_emulator_settings_differ, assert_gae_matches_reference,
     assert_ppo_loss_matches_reference, assert_progress_lines_off_a_terminal, assert_rollout_dones_and_rewards,
-    assert_saved_model_loads_identically, assert_short_atari_run_logged, assert_user_error,
+    assert_ppo_run_resumes_where_its_checkpoint_left_it, assert_saved_model_loads_identically,
+    assert_short_atari_run_logged, assert_user_error,
     assert_videos_show_whole_games_of_env_0, assert_warns_when_bf16_is_slow, capped_cubic_games, read_scalars,
-    recording_make_envs, run_dirs, run_script,
+    recording_make_envs, run_dirs, run_script, watch_torch_checkpoint,
 )
 
 import cleanrl.ppo_atari as ppo_atari
@@ -224,6 +225,7 @@ def test_progress_lines_are_printed_off_a_terminal(tmp_path):
         (["--update-epochs", "0"], "must be positive"),
         (["--eval-episodes", "0"], "must be positive"),
         (["--eval-checkpoint", "missing.cleanrl_model"], "does not exist"),
+        (["--checkpoint-every", "-1"], "--checkpoint-every must be 0 (never) or positive"),
     ],
 )
 def test_bad_input_is_a_one_line_error(tmp_path, args, message):
@@ -232,3 +234,10 @@ def test_bad_input_is_a_one_line_error(tmp_path, args, message):
 
 def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):
     assert_corrupt_checkpoint_rejected("ppo_atari.py", tmp_path)
+
+
+def test_a_resumed_run_restores_its_state_and_goes_on_in_its_directory(tmp_path, monkeypatch, capsys):
+    restored = watch_torch_checkpoint(ppo_atari, monkeypatch, iteration=2)
+    args = dict(num_envs=2, num_steps=128, cuda=False)
+    assert_ppo_run_resumes_where_its_checkpoint_left_it(ppo_atari, tmp_path, monkeypatch, capsys, args)
+    assert restored == [(2, 512)]

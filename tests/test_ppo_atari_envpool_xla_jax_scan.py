@@ -17,8 +17,9 @@ import optax
 import pytest
 from common import (
     REPO_ROOT, assert_corrupt_checkpoint_rejected, assert_evaluation_warns_when_emulator_settings_differ,
-    assert_gae_matches_reference, assert_progress_line_per_iteration, assert_short_atari_run_logged,
-    assert_user_error, mp4_frames, read_scalars, run_dirs, run_script,
+    assert_gae_matches_reference, assert_ppo_run_resumes_where_its_checkpoint_left_it,
+    assert_progress_line_per_iteration, assert_short_atari_run_logged, assert_user_error, mp4_frames, read_scalars,
+    run_dirs, run_script,
 )
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
@@ -474,6 +475,7 @@ def test_bf16_training_run_gives_finite_losses(tmp_path):
         (["--num-steps", "0"], "must be positive"),
         (["--eval-episodes", "0"], "must be positive"),
         (["--eval-checkpoint", "missing.cleanrl_model"], "does not exist"),
+        (["--checkpoint-every", "-1"], "--checkpoint-every must be 0 (never) or positive"),
     ],
 )
 def test_bad_input_is_a_one_line_error(tmp_path, args, message):
@@ -507,3 +509,47 @@ def test_cleanrl_command_lines_run_with_num_envs_as_the_total_over_devices(tmp_p
 
 def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):
     assert_corrupt_checkpoint_rejected(SCRIPT, tmp_path)
+
+
+def test_a_resumed_run_restores_its_state_and_goes_on_in_its_directory_on_any_number_of_devices(
+    tmp_path, monkeypatch, capsys
+):
+    # What the checkpoint at iteration 2 saved from the live run (parameters, Adam's moments and
+    # count, the random key) must be what the resumed run reads back.
+    save, read, saved, checked = ppo_jax.save_checkpoint, ppo_jax.read_checkpoint, {}, []
+
+    def save_and_keep_a_copy(folder, iteration, global_step, train_state, key, *rest):
+        if iteration == 2:
+            saved.update(train_state=jax.tree.map(np.array, train_state), key=np.array(jax.random.key_data(key)))
+        return save(folder, iteration, global_step, train_state, key, *rest)
+
+    def read_and_compare(resume, args, template):
+        checkpoint = read(resume, args, template)
+        for restored, live in zip(jax.tree.leaves(checkpoint["train_state"]), jax.tree.leaves(saved["train_state"]),
+                                  strict=True):
+            np.testing.assert_array_equal(restored, live)
+        np.testing.assert_array_equal(jax.random.key_data(checkpoint["key"]), saved["key"])
+        checked.append(checkpoint["iteration"])
+        return checkpoint
+
+    monkeypatch.setattr(ppo_jax, "save_checkpoint", save_and_keep_a_copy)
+    monkeypatch.setattr(ppo_jax, "read_checkpoint", read_and_compare)
+    args = dict(num_envs=2, num_steps=64)
+    assert_ppo_run_resumes_where_its_checkpoint_left_it(ppo_jax, tmp_path, monkeypatch, capsys, args, "msgpack")
+    assert checked and set(checked) == {2}
+    assert len(jax.tree.leaves(saved["train_state"].opt_state)) == 1 + 2 * len(jax.tree.leaves(saved["train_state"].params))
+
+    # The checkpoint of this one-device run, resumed on two devices: the job's batch is split anew.
+    (run_dir,) = run_dirs(tmp_path)
+    other = tmp_path / "other"
+    os.makedirs(other / "runs")
+    os.rename(run_dir, other / "runs" / os.path.basename(run_dir))
+    checkpoint = f"runs/{os.path.basename(run_dir)}/checkpoints/iteration-0000002.msgpack"
+    result = run_script(SCRIPT, "--num-envs", "2", "--num-steps", "64", "--total-timesteps", "512",
+                        "--checkpoint-every", "2", "--resume", checkpoint, cwd=other, env=TWO_HOST_DEVICES)
+    assert result.returncode == 0, result.stderr
+    assert "2 cpu device(s) on 1 process(es): 2 envs (1 per device)" in result.stdout
+    assert f"resumed {os.path.basename(run_dir)} at iteration 2 (step 256)" in result.stdout
+    assert "finished 4 iterations, 512 steps" in result.stdout
+    scalars = read_scalars(str(other / "runs" / os.path.basename(run_dir)))
+    assert [step for step, _ in scalars["losses/value_loss"]] == [128, 256, 384, 512]
