@@ -927,7 +927,9 @@ def main(args: Args):
     recent_returns = deque(maxlen=20)
     if checkpoint is not None:
         run_name = checkpoint["run_name"]  # a resumed run goes on in its own directory
-        train_state = jax.device_put(checkpoint["train_state"], replicated)
+        # every process holds the same host arrays: together they make the replicated state
+        to_devices = partial(jax.make_array_from_process_local_data, replicated)
+        train_state = jax.tree.map(to_devices, checkpoint["train_state"])
         key, start_iteration, global_step = checkpoint["key"], checkpoint["iteration"], checkpoint["global_step"]
         env0_games = checkpoint["env0_games"]
         recent_returns.extend(checkpoint["recent_returns"])  # for the progress lines only

@@ -793,8 +793,8 @@ def assert_ppo_run_resumes_where_its_checkpoint_left_it(module, tmp_path, monkey
 
     module.main(module.Args(**run, resume="auto"))
     output = capsys.readouterr().out
-    assert re.search(rf"resumed \S+ at iteration 2 \(step {2 * batch:,}\) from {re.escape(os.path.relpath(checkpoints, tmp_path))}/iteration-0000002"
-                     rf"\.{extension}", output), output
+    saved_at = re.escape(os.path.join(os.path.relpath(checkpoints, tmp_path), f"iteration-0000002.{extension}"))
+    assert re.search(rf"resumed \S+ at iteration 2 \(step {2 * batch:,}\) from {saved_at}", output), output
     assert "has changed since the checkpoint" not in output
     assert f"finished 4 iterations, {4 * batch} steps" in output
     assert run_dirs(tmp_path) == [run_dir], "the resumed run goes on in its own directory"
@@ -806,6 +806,7 @@ def assert_ppo_run_resumes_where_its_checkpoint_left_it(module, tmp_path, monkey
     np.testing.assert_allclose([value for _, value in scalars["charts/learning_rate"]],
                                [learning_rate * (1 - i / 4) for i in range(4)], rtol=1e-6)
     game_steps = [step for step, _ in scalars["charts/episodic_return"]]
-    assert game_steps and game_steps == sorted(set(game_steps)), "every game once, none of the cut-off attempt's past iteration 2"
+    assert game_steps, "the run finished games: their steps are checked"
+    assert game_steps == sorted(set(game_steps)), "every game once, none of the cut-off attempt's past iteration 2"
     assert sorted(os.listdir(checkpoints)) == [f"iteration-000000{i}.{extension}" for i in (2, 4)] + ["lock"]
     return output

@@ -537,7 +537,8 @@ def test_a_resumed_run_restores_its_state_and_goes_on_in_its_directory_on_any_nu
     args = dict(num_envs=2, num_steps=64)
     assert_ppo_run_resumes_where_its_checkpoint_left_it(ppo_jax, tmp_path, monkeypatch, capsys, args, "msgpack")
     assert checked and set(checked) == {2}
-    assert len(jax.tree.leaves(saved["train_state"].opt_state)) == 1 + 2 * len(jax.tree.leaves(saved["train_state"].params))
+    params, opt_state = saved["train_state"]
+    assert len(jax.tree.leaves(opt_state)) == 1 + 2 * len(jax.tree.leaves(params)), "Adam's count, moments"
 
     # The checkpoint of this one-device run, resumed on two devices: the job's batch is split anew.
     (run_dir,) = run_dirs(tmp_path)
