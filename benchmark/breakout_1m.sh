@@ -6,9 +6,10 @@
 # (8 envs x 128 steps) and minibatches are those of the other three scripts.
 # Time on the 2-core machine: 35-70 minutes per run, about 5-7 hours in all (about 75 minutes per run
 # on an AVX2 CPU). --skip-done: when a session ends midway, running this again goes on with the runs
-# that did not finish. The last three commands write a checkpoint every 50 iterations (about 4 minutes
-# of a run here) and resume from it; ppo_atari.py's runs, done before that script had checkpoints,
-# keep their command (a changed command would not count as done) and start over.
+# that did not finish. Every command writes a checkpoint every 50 iterations (about 4 minutes of a run
+# here) and resumes from it, so a runner stopped with SIGTERM loses at most that much of its run.
+# A finished run's event file and log are committed (benchmark/results/breakout_1m/, see .gitignore):
+# a study of several sessions keeps its finished runs even where a session's machine does not last.
 #
 #     bash benchmark/breakout_1m.sh        # from anywhere; writes benchmark/results/breakout_1m/ and docs/img/breakout_1m/*.png
 set -euo pipefail
@@ -18,7 +19,7 @@ mkdir -p "$study"
 cd "$study"   # runs/ and logs/ of this study go here
 
 python "$repo/benchmark/run.py" --env-ids BreakoutNoFrameskip-v4 --seeds 1 2 --workers 1 --skip-done \
-    --command "python $repo/cleanrl/ppo_atari.py --total-timesteps 1000000" \
+    --command "python $repo/cleanrl/ppo_atari.py --total-timesteps 1000000 --checkpoint-every 50 --resume auto" \
               "python $repo/cleanrl/ppo_atari_envpool.py --total-timesteps 1000000 --checkpoint-every 50 --resume auto" \
               "python $repo/cleanrl/ppo_atari_envpool_xla_jax_scan.py --total-timesteps 1000000 --checkpoint-every 50 --resume auto" \
               "torchrun --standalone --nproc-per-node=2 $repo/cleanrl/ppo_atari_multigpu.py --local-num-envs 4 --total-timesteps 1000000 --checkpoint-every 50 --resume auto"

@@ -1261,7 +1261,9 @@ def main(args: Args):
                 writer.add_scalar(f"charts/local_num_envs/rank_{r}", envs_of_r, global_step)
             progress.show(global_step, sps, recent_returns)
 
-        if args.env_split == "measured":
+        # No new split after the last iteration: none would use it, and the final checkpoint keeps the split
+        # the run ended with.
+        if args.env_split == "measured" and iteration < args.num_iterations:
             if warming_up:
                 warming_up = False
             else:
