@@ -372,17 +372,23 @@ class FrameReplayBuffer:
 
     def state_dict(self) -> dict:
         """The memory for a checkpoint: the written slots of its arrays (a run's first checkpoints are
-        a fraction of the full 7 GB), as tensors that share their storage (no copy)."""
-        slots = {name: torch.from_numpy(getattr(self, name)[:, : self.used]) for name in self.SLOT_ARRAYS}
+        a fraction of the full 7 GB), one tensor per env that shares its storage (no copy). Not one
+        tensor of all envs: that would be a strided view, and torch.save writes the whole span of
+        storage a tensor covers, the unwritten slots of every env but the last included."""
+        slots = {name: [torch.from_numpy(getattr(self, name)[env, : self.used]) for env in range(self.num_envs)]
+                 for name in self.SLOT_ARRAYS}
         return {**slots, "pos": torch.from_numpy(self.pos), "used": self.used, "steps_added": self.steps_added}
 
     def load_state_dict(self, state: dict):
         used = int(state["used"])
         for name in self.SLOT_ARRAYS:
-            array, saved = getattr(self, name), state[name].numpy()
-            if saved.shape != (self.num_envs, used, *array.shape[2:]) or used > self.slots:
-                raise ValueError(f"replay memory {name} of shape {saved.shape} does not fit {array.shape}")
-            array[:, :used] = saved
+            array = getattr(self, name)
+            # one tensor per env (iterating the single tensor of an older checkpoint gives the same)
+            saved = [env_slots.numpy() for env_slots in state[name]]
+            if len(saved) != self.num_envs or used > self.slots or any(s.shape != (used, *array.shape[2:]) for s in saved):
+                raise ValueError(f"replay memory {name}: {len(saved)} envs of {used} slots do not fit {array.shape}")
+            for env, env_slots in enumerate(saved):
+                array[env, :used] = env_slots
         self.pos[:] = state["pos"].numpy()
         self.used, self.steps_added = used, int(state["steps_added"])
 

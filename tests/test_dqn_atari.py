@@ -380,6 +380,23 @@ def test_the_memory_survives_a_checkpoint_and_a_resumed_run_starts_new_games_in_
     np.testing.assert_array_equal(step["obs"], new_game), "the new game's stack is zero-padded, not the old game's"
 
 
+def test_a_checkpoint_of_a_partly_written_memory_holds_only_the_written_slots(tmp_path):
+    # 2 envs of 2,000 slots (28 MB of frames) with 11 slots written: the file holds those, not the
+    # unwritten slots that one tensor of both envs' written slots would span
+    rb = dqn_atari.FrameReplayBuffer(2 * 2000, 2)
+    frames, go_on = np.full((2, 4, 84, 84), 9, dtype=np.uint8), np.zeros(2, bool)
+    rb.start(frames)
+    for _ in range(10):
+        rb.add(np.zeros(2), np.zeros(2), go_on, frames, None, go_on)
+    path = tmp_path / "memory.pt"
+    torch.save(rb.state_dict(), path)
+    assert rb.used == 11 and os.path.getsize(path) < 2 * 20 * 84 * 84
+    loaded = dqn_atari.FrameReplayBuffer(2 * 2000, 2)
+    loaded.load_state_dict(torch.load(path, weights_only=True, mmap=True))
+    for name in (*dqn_atari.FrameReplayBuffer.SLOT_ARRAYS, "pos", "used", "steps_added"):
+        np.testing.assert_array_equal(getattr(loaded, name), getattr(rb, name))
+
+
 def test_a_resumed_run_goes_on_in_its_directory_with_each_step_logged_once(tmp_path, monkeypatch, capsys):
     # 800 steps, updates from step 200 every 4 steps, a checkpoint every 400; the first attempt is
     # cut off at step 500, after its checkpoint at 400 and 100 steps logged past it.
