@@ -397,27 +397,25 @@ def main(args: Args):
     torch.set_num_threads(1)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
-    run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    env_id = args.env_id
     if args.eval_checkpoint is not None:
+        # a bad file fails here, before anything is written; the run is named after the model's env
         q_network, env_id = load_model(args.eval_checkpoint, device)
-        writer = SummaryWriter(f"runs/{run_name}")
-        run_evaluation(args, device, writer, run_name, q_network, env_id)
-        writer.close()
-        return
-
-    try:
-        envs = make_envs(args.env_id, args.num_envs, args.capture_video, run_name)
-        # reset here too: a missing render dependency of --capture-video (pygame) only shows up then
-        obs, _ = envs.reset(seed=args.seed)
-    except gym.error.Error as e:
-        fail(f"cannot make environment {args.env_id!r}: {e}")
-    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
-        envs.close()
-        fail(f"{args.env_id} has action space {envs.single_action_space}; DQN needs a Discrete one")
-    obs_space = envs.single_observation_space
-    if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1):
-        envs.close()
-        fail(f"{args.env_id} has observation space {obs_space}; this script needs a flat Box (vectors)")
+    run_name = f"{env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if args.eval_checkpoint is None:
+        try:
+            envs = make_envs(env_id, args.num_envs, args.capture_video, run_name)
+            # reset here too: a missing render dependency of --capture-video (pygame) only shows up then
+            obs, _ = envs.reset(seed=args.seed)
+        except gym.error.Error as e:
+            fail(f"cannot make environment {env_id!r}: {e}")
+        if not isinstance(envs.single_action_space, gym.spaces.Discrete):
+            envs.close()
+            fail(f"{env_id} has action space {envs.single_action_space}; DQN needs a Discrete one")
+        obs_space = envs.single_observation_space
+        if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1):
+            envs.close()
+            fail(f"{env_id} has observation space {obs_space}; this script needs a flat Box (vectors)")
 
     if args.track:
         import wandb
@@ -435,6 +433,12 @@ def main(args: Args):
         "hyperparameters",
         "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items()),
     )
+    if args.eval_checkpoint is not None:
+        run_evaluation(args, device, writer, run_name, q_network, env_id)
+        writer.close()
+        if args.track and args.capture_video:
+            wandb.save(f"videos/{run_name}*/*.mp4", policy="now")  # by hand, as at the end of training
+        return
 
     num_actions = int(envs.single_action_space.n)
     q_network = QNetwork(obs_space.shape[0], num_actions).to(device)

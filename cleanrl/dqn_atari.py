@@ -711,23 +711,21 @@ def main(args: Args):
     torch.backends.cudnn.deterministic = args.torch_deterministic
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
-    run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    if args.eval_checkpoint is not None:
+    training, env_id = args.eval_checkpoint is None, args.env_id
+    if not training:
+        # a bad file fails here, before anything is written; the run is named after the model's game
         q_network, saved_args = load_model(args.eval_checkpoint, device)
+        env_id = saved_args["env_id"]
         # The games are played under this command's emulator settings, not necessarily the training run's
         for name in ("repeat_action_probability", "max_episode_steps"):
             if name in saved_args and saved_args[name] != getattr(args, name):
                 print(f"warning: evaluating with --{name.replace('_', '-')} {getattr(args, name)}; "
                       f"the model was trained with {saved_args[name]}", file=sys.stderr)
-        writer = SummaryWriter(f"runs/{run_name}")
-        run_evaluation(args, device, writer, run_name, q_network, saved_args["env_id"])
-        writer.close()
-        return
-
-    checkpoint = read_checkpoint(args.resume, args) if args.resume is not None else None
+    run_name = f"{env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    checkpoint = read_checkpoint(args.resume, args) if training and args.resume is not None else None
     if checkpoint is not None:
         run_name = checkpoint["run_name"]  # a resumed run goes on in its own directory
-    run_lock = lock_run(f"runs/{run_name}/checkpoints") if args.checkpoint_every or checkpoint else None
+    run_lock = lock_run(f"runs/{run_name}/checkpoints") if training and (args.checkpoint_every or checkpoint) else None
     if args.track:
         import wandb
 
@@ -748,6 +746,10 @@ def main(args: Args):
             "hyperparameters",
             "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
         )
+    if not training:
+        run_evaluation(args, device, writer, run_name, q_network, env_id)
+        writer.close()
+        return
 
     envs = make_envs(args.env_id, args.num_envs, args.repeat_action_probability, args.max_episode_steps)
     num_actions = int(envs.single_action_space.n)

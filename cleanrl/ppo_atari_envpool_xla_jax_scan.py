@@ -111,7 +111,7 @@ class Args:
 
     # Scale-out
     coordinator_address: str | None = None
-    """multi-host: `host:port` of process 0 (default: $JAX_COORDINATOR_ADDRESS, or cluster detection)"""
+    """multi-host: `host:port` of process 0 (default: $JAX_COORDINATOR_ADDRESS; neither: one host)"""
     num_processes: int | None = None
     """multi-host: the number of processes (default: $JAX_NUM_PROCESSES, or cluster detection)"""
     process_id: int | None = None
@@ -851,6 +851,8 @@ class Progress:
 # ---------------------------------------------------------------------------------------------
 def main(args: Args):
     coordinator_address = args.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    if not coordinator_address and (args.num_processes is not None or args.process_id is not None):
+        fail("--num-processes and --process-id need --coordinator-address (or $JAX_COORDINATOR_ADDRESS)")
     if coordinator_address:
         # Several hosts: every process runs this script; jax.distributed joins their devices into one job.
         env_int = lambda name: int(os.environ[name]) if name in os.environ else None
@@ -897,6 +899,11 @@ def main(args: Args):
     training = args.eval_checkpoint is None
     if not training:
         if is_main:
+            if args.track:
+                import wandb
+
+                wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                           config=vars(args), name=run_name, save_code=True)
             writer = SummaryWriter(f"runs/{run_name}")
             run_evaluation(args, writer, run_name)
             writer.close()

@@ -304,6 +304,23 @@ def assert_evaluation_printed(result, num_games: int):
     assert "eval: mean return" in result.stdout
 
 
+def assert_tracked_evaluation_logs_under_the_models_env(script: str, model_path: str, model_env_id: str,
+                                                       other_env_id: str, folder, *args: str, env: dict | None = None):
+    """An evaluation of a saved model under --track, in a fresh folder, with another env id on the
+    command line: it plays and prints its games, its run is named after the model's env (the game
+    it played), and it reaches wandb (an offline run here)."""
+    os.makedirs(folder)
+    result = run_script(script, "--eval-checkpoint", model_path, "--env-id", other_env_id, "--track", *args,
+                        cwd=folder, env={**(env or {}), "WANDB_DIR": str(folder)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("eval_episode=") >= 1 and "eval: mean return" in result.stdout
+    (run_dir,) = run_dirs(folder)
+    assert os.path.basename(run_dir).startswith(f"{model_env_id.replace('/', '_')}__"), run_dir
+    assert "eval/episodic_return" in read_scalars(run_dir)
+    assert glob.glob(os.path.join(str(folder), "wandb", "offline-run-*")), "no wandb run under --track"
+    return result
+
+
 def assert_short_atari_run_logged(run_dir: str, batch_size: int, iterations: int = 4):
     """A short Breakout run of an Atari script logged every tag at the end of every iteration,
     annealed the learning rate from 2.5e-4, and logged whole games, each at a step of its own."""

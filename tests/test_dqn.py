@@ -9,6 +9,7 @@ import pytest
 import torch
 from common import (
     DQN_TAGS, assert_corrupt_checkpoint_rejected, assert_evaluation_printed, assert_linear_epsilon_schedule,
+    assert_tracked_evaluation_logs_under_the_models_env,
     assert_main_fails_with, assert_progress_lines_off_a_terminal, assert_target_update_copies_or_averages,
     assert_td_target_bootstraps_from_the_target_network, assert_td_target_matches_reference, assert_user_error,
     read_scalars, run_dirs, run_script,
@@ -240,6 +241,16 @@ def test_short_run_logs_every_tag_progress_and_summary_then_saves_and_evaluates(
     (model_path,) = glob.glob(os.path.join(run_dir, "dqn.cleanrl_model"))
     evaluation = run_script("dqn.py", "--eval-checkpoint", model_path, "--eval-episodes", "3", cwd=tmp_path)
     assert_evaluation_printed(evaluation, 3)
+
+
+def test_an_evaluation_under_track_reaches_wandb_and_is_named_after_the_models_env(tmp_path):
+    result = run_script("dqn.py", "--total-timesteps", "300", "--learning-starts", "200", "--save-model",
+                        "--eval-episodes", "1", cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr
+    (model_path,) = glob.glob(str(tmp_path / "runs" / "*" / "dqn.cleanrl_model"))
+    assert_tracked_evaluation_logs_under_the_models_env(
+        "dqn.py", model_path, "CartPole-v1", "Acrobot-v1", tmp_path / "evaluation", "--eval-episodes", "2"
+    )
 
 
 def test_progress_lines_are_printed_off_a_terminal(tmp_path):

@@ -12,6 +12,7 @@ import pytest
 import torch
 from common import (
     DQN_TAGS, CutOff, assert_corrupt_checkpoint_rejected, assert_evaluation_printed,
+    assert_tracked_evaluation_logs_under_the_models_env,
     assert_evaluation_warns_when_emulator_settings_differ, assert_linear_epsilon_schedule, assert_main_fails_with,
     assert_progress_lines_off_a_terminal, assert_saved_model_loads_identically,
     assert_target_update_copies_or_averages, assert_td_target_bootstraps_from_the_target_network,
@@ -271,6 +272,10 @@ def test_save_then_evaluate_round_trip(tmp_path):
         "dqn_atari.py", "--eval-checkpoint", model_path, "--eval-episodes", "2", cwd=tmp_path, env=ONE_THREAD
     )
     assert_evaluation_printed(evaluation, 2)
+    assert_tracked_evaluation_logs_under_the_models_env(
+        "dqn_atari.py", model_path, "BreakoutNoFrameskip-v4", "PongNoFrameskip-v4", tmp_path / "evaluation",
+        "--eval-episodes", "1", "--max-episode-steps", "300", env=ONE_THREAD,
+    )
 
 
 def test_evaluation_warns_when_emulator_settings_differ_from_training(tmp_path, monkeypatch, capsys):

@@ -18,7 +18,8 @@ import pytest
 from common import (
     REPO_ROOT, assert_corrupt_checkpoint_rejected, assert_evaluation_warns_when_emulator_settings_differ,
     assert_gae_matches_reference, assert_ppo_run_resumes_where_its_checkpoint_left_it,
-    assert_progress_line_per_iteration, assert_short_atari_run_logged, assert_user_error, mp4_frames, read_scalars,
+    assert_progress_line_per_iteration, assert_short_atari_run_logged, assert_tracked_evaluation_logs_under_the_models_env,
+    assert_user_error, mp4_frames, read_scalars,
     run_dirs, run_script,
 )
 from jax.sharding import Mesh
@@ -454,6 +455,18 @@ def test_save_then_evaluate_round_trip(short_run):
     assert "eval: mean return" in evaluation.stdout
 
 
+def test_an_evaluation_under_track_with_videos_reaches_wandb(short_run, tmp_path):
+    cwd, result = short_run
+    assert result.returncode == 0, result.stderr
+    (model_path,) = glob.glob(str(cwd / "runs" / "*" / f"{SCRIPT[:-3]}.cleanrl_model"))
+    folder = tmp_path / "evaluation"
+    assert_tracked_evaluation_logs_under_the_models_env(
+        SCRIPT, model_path, "Breakout-v5", "Breakout-v5", folder, "--eval-episodes", "1", "--max-episode-steps", "300",
+        "--capture-video",
+    )
+    assert glob.glob(str(folder / "wandb" / "offline-run-*" / "files" / "*-eval" / "*.mp4")), "videos uploaded"
+
+
 def test_bf16_training_run_gives_finite_losses(tmp_path):
     result = run_script(
         SCRIPT, "--num-envs", "2", "--num-steps", "32", "--total-timesteps", "128",
@@ -476,6 +489,7 @@ def test_bf16_training_run_gives_finite_losses(tmp_path):
         (["--eval-episodes", "0"], "must be positive"),
         (["--eval-checkpoint", "missing.cleanrl_model"], "does not exist"),
         (["--checkpoint-every", "-1"], "--checkpoint-every must be 0 (never) or positive"),
+        (["--num-processes", "2", "--process-id", "0"], "need --coordinator-address"),
     ],
 )
 def test_bad_input_is_a_one_line_error(tmp_path, args, message):
