@@ -10,6 +10,10 @@
 # here) and resumes from it, so a runner stopped with SIGTERM loses at most that much of its run.
 # A finished run's event file and log are committed (benchmark/results/breakout_1m/, see .gitignore):
 # a study of several sessions keeps its finished runs even where a session's machine does not last.
+# An unfinished run moves to the next machine with its directory: stop the runner (SIGTERM), then
+# commit the run's event file and log with its newest checkpoint (`git add -f
+# runs/NAME/checkpoints/iteration-N.pt`, about 20 MB); the next `bash benchmark/breakout_1m.sh`
+# resumes it. Once it has finished, `git rm --cached` that checkpoint.
 #
 #     bash benchmark/breakout_1m.sh        # from anywhere; writes benchmark/results/breakout_1m/ and docs/img/breakout_1m/*.png
 set -euo pipefail
