@@ -10,6 +10,7 @@ speed get shares of the environments in proportion to their measured speed: none
 Docs: docs/ppo_atari_multigpu.md
 """
 
+import fcntl
 import functools
 import glob
 import hashlib
@@ -636,10 +637,24 @@ def save_checkpoint(
     return path
 
 
+def lock_run(folder: str):
+    """Holds the run's checkpoint folder for this process, as long as the returned file stays open:
+    a second process resuming the same run (a job started twice, a trainer that outlived its
+    runner) would log every step twice and remove the other's checkpoints."""
+    os.makedirs(folder, exist_ok=True)
+    lock = open(os.path.join(folder, "lock"), "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        fail(f"{folder} is in use: another process is running this run (stop it, or wait for it to end)")
+    return lock
+
+
 def read_checkpoint(resume: str, run_prefix: str) -> dict | None:
     """The checkpoint `--resume` names, or None when `auto` finds none."""
     if resume == "auto":
-        found = glob.glob(os.path.join("runs", f"{run_prefix}*", "checkpoints", "iteration-*.pt"))
+        found = glob.glob(os.path.join("runs", f"{glob.escape(run_prefix)}*", "checkpoints", "iteration-*.pt"))
         if not found:
             print(f"--resume auto: no checkpoint of {run_prefix}* in runs/, starting a new run")
             return None
@@ -651,8 +666,9 @@ def read_checkpoint(resume: str, run_prefix: str) -> dict | None:
         fail(f"--resume {path!r}: no such checkpoint file (pass a runs/*/checkpoints/iteration-*.pt file or auto)")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-        payload["iteration"], payload["rng_states"], payload["optimizer"], payload["env0_games"]
-        payload["args"]["num_envs"]
+        payload["iteration"], payload["global_step"], payload["rng_states"], payload["model"], payload["optimizer"]
+        payload["env0_games"], payload["run_name"]
+        [payload["args"][name] for name in ("num_envs", *RESUME_MUST_MATCH)]
     except Exception as e:  # an unreadable file or a saved model instead of a checkpoint
         fail(f"--resume {path!r} is not a readable {os.path.basename(__file__)} checkpoint ({type(e).__name__})")
     payload["path"] = path
@@ -855,10 +871,18 @@ def in_words(world_sizes: list[int]) -> str:
     return f"{numbers}{world_sizes[-1]} process{'es' if world_sizes != [1] else ''}"
 
 
+# What a resumed run's command must share with its checkpoint: the game, its seeds and emulator
+# settings, and the batch's layout in time. The other arguments come from the command line.
+RESUME_MUST_MATCH = (
+    "env_id", "seed", "repeat_action_probability", "max_episode_steps", "num_steps", "num_minibatches",
+    "total_timesteps",
+)
+
+
 def resize_for_checkpoint(args: Args, saved: dict):
     """A resumed run keeps the checkpoint's global batch, re-split over this world size, whatever
     --local-num-envs or --num-envs say."""
-    for field in ("env_id", "num_steps", "num_minibatches", "total_timesteps"):
+    for field in RESUME_MUST_MATCH:
         if getattr(args, field) != saved[field]:
             fail(
                 f"--resume: the checkpoint's run has {field}={saved[field]!r}, this command {getattr(args, field)!r}: "
@@ -922,17 +946,23 @@ def start_process_group(args: Args, rank: int, device: torch.device) -> str:
     return backend
 
 
-def name_run_and_read_checkpoint(args: Args, rank: int) -> tuple[str, dict | None]:
-    """The run's name and, under --resume, its checkpoint: the same on every rank.
+def name_run_and_read_checkpoint(args: Args, rank: int):
+    """The run's name and, under --resume, its checkpoint: the same on every rank; and on rank 0 the
+    run's lock (lock_run), held while the process lives, when the run writes or reads checkpoints.
 
     Rank 0 names the run and reads the checkpoint, then hands both to every rank: all ranks resume
     together, and only rank 0's node needs the files. An error found by rank 0 stops every rank. A
     resumed run keeps its name and its global batch, re-split over this world size."""
     run_prefix = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__"
     shared = {"run_name": f"{run_prefix}{int(time.time())}", "checkpoint": None, "error": None}
-    if rank == 0 and args.resume is not None and args.eval_checkpoint is None:
+    run_lock = None
+    if rank == 0 and args.eval_checkpoint is None:
         try:
-            shared["checkpoint"] = read_checkpoint(args.resume, run_prefix)
+            if args.resume is not None:
+                shared["checkpoint"] = read_checkpoint(args.resume, run_prefix)
+            if args.checkpoint_every or shared["checkpoint"] is not None:
+                folder_run = shared["checkpoint"]["run_name"] if shared["checkpoint"] else shared["run_name"]
+                run_lock = lock_run(f"runs/{folder_run}/checkpoints")
         except UserError as e:  # stops every rank, not rank 0 alone
             shared["error"] = str(e)
     box = [shared]
@@ -944,7 +974,7 @@ def name_run_and_read_checkpoint(args: Args, rank: int) -> tuple[str, dict | Non
         run_name = checkpoint["run_name"]
         checkpoint["requested_num_envs"] = args.num_envs
         resize_for_checkpoint(args, checkpoint["args"])
-    return run_name, checkpoint
+    return run_name, checkpoint, run_lock
 
 
 def first_split(args: Args, checkpoint: dict | None, rank: int) -> list[int]:
@@ -1067,7 +1097,7 @@ def main(args: Args):
         warn_if_bf16_is_slow(args.mixed_precision, device)
     backend = start_process_group(args, rank, device)
 
-    run_name, checkpoint = name_run_and_read_checkpoint(args, rank)
+    run_name, checkpoint, run_lock = name_run_and_read_checkpoint(args, rank)
     split = first_split(args, checkpoint, rank)
     take_share(args, split, rank)
     writer = None
@@ -1331,6 +1361,8 @@ def main(args: Args):
         run_evaluation(args, device, writer, run_name, agent)
     if rank == 0:
         writer.close()
+    if run_lock is not None:
+        run_lock.close()
 
 
 if __name__ == "__main__":

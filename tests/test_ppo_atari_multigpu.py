@@ -355,7 +355,7 @@ def test_only_rank_0_writes_logs_and_evaluates(two_process_run):
     assert result.stdout.count("eval_episode=") == 1
     (run_dir,) = run_dirs(cwd)
     assert len(list((cwd / "runs").glob("*/events.out.tfevents.*"))) == 1
-    checkpoints = sorted(p.name for p in (cwd / "runs").glob("*/checkpoints/*"))
+    checkpoints = sorted(p.name for p in (cwd / "runs").glob("*/checkpoints/*.pt"))
     assert checkpoints == ["iteration-0000008.pt", "iteration-0000012.pt"]  # the newest two
 
 
@@ -683,12 +683,23 @@ def write_checkpoint(folder, run_name="old_run", env0_games=0, **saved_args) -> 
     )
 
 
-def test_resuming_with_other_hyperparameters_is_a_one_line_error(tmp_path):
+@pytest.mark.parametrize("changed, message", [(["--num-steps", "64"], "num_steps=32"), (["--seed", "2"], "seed=1")])
+def test_resuming_with_other_hyperparameters_or_seed_is_a_one_line_error(tmp_path, changed, message):
     path = write_checkpoint(tmp_path, local_num_envs=2, num_steps=32)
     result = run_script(
-        SCRIPT, "--local-num-envs", "2", "--num-steps", "64", "--resume", path, cwd=tmp_path, timeout=120
+        SCRIPT, "--local-num-envs", "2", "--num-steps", "32", *changed, "--resume", path, cwd=tmp_path, timeout=120
     )
-    assert_user_error(result, "num_steps=32", "resume with the run's arguments")
+    assert_user_error(result, message, "resume with the run's arguments")
+
+
+def test_a_run_that_another_process_holds_cannot_be_resumed_beside_it(tmp_path):
+    folder = tmp_path / "runs" / "old_run" / "checkpoints"
+    path = write_checkpoint(folder, local_num_envs=1, num_steps=32, num_minibatches=2)
+    lock = multigpu.lock_run(str(folder))  # a job still running the run
+    result = run_script(SCRIPT, "--local-num-envs", "1", "--num-steps", "32", "--num-minibatches", "2",
+                        "--resume", path, cwd=tmp_path, timeout=120)
+    lock.close()
+    assert_user_error(result, "checkpoints is in use: another process is running this run")
 
 
 @pytest.fixture(scope="module")
@@ -752,6 +763,18 @@ def test_resume_auto_resumes_the_newest_checkpoint_by_modification_time_and_name
     relative = os.path.relpath(newer, tmp_path)
     assert f"--resume auto: {relative}, the newest by modification time of 2 checkpoints of {prefix}*" in result.stdout
     assert f"resuming {prefix}1 from {relative}: iteration 1" in result.stdout, result.stdout
+
+
+def test_resume_auto_takes_an_exp_name_literally_not_as_a_pattern(tmp_path):
+    sizes = {"local_num_envs": 1, "num_steps": 32, "num_minibatches": 2, "total_timesteps": 32}
+    prefix = "BreakoutNoFrameskip-v4__ppo[1]__1__"  # as a glob pattern, [1] would match "1", not "[1]"
+    write_checkpoint(tmp_path / "runs" / f"{prefix}5" / "checkpoints", f"{prefix}5", exp_name="ppo[1]", **sizes)
+    result = run_script(
+        SCRIPT, "--local-num-envs", "1", "--num-steps", "32", "--num-minibatches", "2", "--total-timesteps", "32",
+        "--exp-name", "ppo[1]", "--resume", "auto", cwd=tmp_path, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"resuming {prefix}5 from " in result.stdout, result.stdout
 
 
 # ---------------------------------------------------------------------------------------------
