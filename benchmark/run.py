@@ -234,10 +234,15 @@ def start(run: Run, log_dir: str, threads: int):
         run.log_offset = log.tell()
         # A session of its own: the terminal's Ctrl-C reaches the runner only, which stops each run
         # as a whole (its process group) instead of leaving half of a torchrun job behind.
+        # The runner stops a run with SIGINT, which the run must not ignore: a runner started in the
+        # background by a script (`nohup bash study.sh &`) inherits an ignored SIGINT, which every
+        # program it starts would inherit too, and a Python script then never sees a KeyboardInterrupt
+        # (it went on until the stop timeout's SIGKILL). The runner has no threads, so a preexec_fn is safe.
         run.process = subprocess.Popen(
             ["bash", "-c", run.command], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             env={**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}, start_new_session=True,
             pass_fds=(run.lock.fileno(),),  # the run holds its lock for as long as it lives, runner or not
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
     run.state, run.started = "running", time.time()
 

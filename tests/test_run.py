@@ -282,6 +282,17 @@ def test_under_nohup_a_closed_terminal_leaves_the_runs_running(tmp_path):
     interrupt_and_check_nothing_is_left(process, tmp_path / "pids", 1)
 
 
+def test_a_runner_started_in_the_background_still_stops_its_runs_with_ctrl_c(tmp_path):
+    # `nohup bash study.sh &` starts the runner with SIGINT ignored; its runs must not inherit that,
+    # or they only die by SIGKILL at the stop timeout (30 s here), their last lines unwritten.
+    (tmp_path / "pids").mkdir()
+    process = start_runner("--env-ids", "Pong", "--command", f"{FAKE} --sleep 100 --pid-dir pids", cwd=tmp_path,
+                           ignored_signals=(signal.SIGINT, signal.SIGHUP))
+    _, seconds = interrupt_and_check_nothing_is_left(process, tmp_path / "pids", 1, signal.SIGTERM)
+    assert seconds < 10, "the run was killed at the stop timeout instead of stopping on SIGINT"
+    assert "KeyboardInterrupt" in (tmp_path / "logs" / "Pong__fake_train__1.log").read_text()
+
+
 def test_a_run_that_ignores_ctrl_c_is_killed_after_the_stop_timeout(tmp_path):
     (tmp_path / "pids").mkdir()
     process = start_runner("--env-ids", "Pong", "--seeds", "1", "--stop-timeout", "1",
