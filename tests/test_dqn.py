@@ -10,7 +10,8 @@ import torch
 from common import (
     DQN_TAGS, assert_corrupt_checkpoint_rejected, assert_evaluation_printed, assert_linear_epsilon_schedule,
     assert_tracked_evaluation_logs_under_the_models_env,
-    assert_main_fails_with, assert_progress_lines_off_a_terminal, assert_target_update_copies_or_averages,
+    assert_main_fails_with, assert_progress_follows_the_convention, assert_progress_lines_printed,
+    assert_target_update_copies_or_averages,
     assert_td_target_bootstraps_from_the_target_network, assert_td_target_matches_reference, assert_user_error,
     read_scalars, run_dirs, run_script,
 )
@@ -253,9 +254,13 @@ def test_an_evaluation_under_track_reaches_wandb_and_is_named_after_the_models_e
     )
 
 
-def test_progress_lines_are_printed_off_a_terminal(tmp_path):
-    cheap_run = ["--total-timesteps", "300", "--learning-starts", "250"]
-    assert_progress_lines_off_a_terminal("dqn.py", cheap_run, ["100/300", "200/300"], tmp_path)
+def test_progress_lines_are_printed_off_a_terminal(tracked_run):
+    _, result = tracked_run
+    assert_progress_lines_printed(result.stderr, ["100/300", "200/300", "300/300"])
+
+
+def test_progress_follows_the_convention(monkeypatch):
+    assert_progress_follows_the_convention(dqn.Progress, monkeypatch)
 
 
 def test_capture_video_writes_mp4_files(tmp_path):
@@ -267,13 +272,21 @@ def test_capture_video_writes_mp4_files(tmp_path):
     assert videos and all(os.path.getsize(v) > 1000 for v in videos)
 
 
-def test_wandb_offline_run_is_created_with_the_videos(tmp_path):
+@pytest.fixture(scope="module")
+def tracked_run(tmp_path_factory):
+    """A short run tracked by wandb (offline) with videos and a progress line at every chance."""
+    cwd = tmp_path_factory.mktemp("tracked_run")
     result = run_script(
-        "dqn.py", "--total-timesteps", "300", "--learning-starts", "200", "--track", "--capture-video", cwd=tmp_path,
-        env={"WANDB_DIR": str(tmp_path)},
+        "dqn.py", "--total-timesteps", "300", "--learning-starts", "200", "--track", "--capture-video",
+        "--progress-interval", "0", cwd=cwd, env={"WANDB_DIR": str(cwd)},
     )
     assert result.returncode == 0, result.stderr
-    (wandb_run,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
+    return cwd, result
+
+
+def test_wandb_offline_run_is_created_with_the_videos(tracked_run):
+    cwd, _ = tracked_run
+    (wandb_run,) = glob.glob(str(cwd / "wandb" / "offline-run-*"))
     assert glob.glob(os.path.join(wandb_run, "files", "videos", "*", "*.mp4"))
 
 

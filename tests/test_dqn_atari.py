@@ -14,7 +14,7 @@ from common import (
     DQN_TAGS, CutOff, assert_corrupt_checkpoint_rejected, assert_evaluation_printed,
     assert_tracked_evaluation_logs_under_the_models_env,
     assert_evaluation_warns_when_emulator_settings_differ, assert_linear_epsilon_schedule, assert_main_fails_with,
-    assert_progress_lines_off_a_terminal, assert_saved_model_loads_identically,
+    assert_progress_follows_the_convention, assert_progress_lines_printed, assert_saved_model_loads_identically,
     assert_target_update_copies_or_averages, assert_td_target_bootstraps_from_the_target_network,
     assert_td_target_matches_reference, assert_user_error, assert_videos_show_whole_games_of_env_0,
     capped_cubic_games, cut_off_at, flushing_writer, read_scalars, recording_make_envs, run_dirs, run_script,
@@ -302,20 +302,32 @@ def test_capture_video_writes_rgb_videos_of_whole_games_of_env_0(tmp_path):
     assert_videos_show_whole_games_of_env_0(tmp_path, num_envs=1, extra_screens=1)
 
 
-def test_wandb_offline_run_is_created_with_the_videos(tmp_path):
+@pytest.fixture(scope="module")
+def tracked_run(tmp_path_factory):
+    """A short run tracked by wandb (offline) with videos and a progress line at every chance."""
+    cwd = tmp_path_factory.mktemp("tracked_run")
     result = run_script(
         "dqn_atari.py", "--total-timesteps", "300", "--learning-starts", "290", "--buffer-size", "1000",
-        "--max-episode-steps", "100", "--track", "--capture-video", cwd=tmp_path,
-        env={**ONE_THREAD, "WANDB_DIR": str(tmp_path)},
+        "--max-episode-steps", "100", "--track", "--capture-video", "--progress-interval", "0", cwd=cwd,
+        env={**ONE_THREAD, "WANDB_DIR": str(cwd)},
     )
     assert result.returncode == 0, result.stderr
-    (wandb_run,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
+    return cwd, result
+
+
+def test_wandb_offline_run_is_created_with_the_videos(tracked_run):
+    cwd, _ = tracked_run
+    (wandb_run,) = glob.glob(str(cwd / "wandb" / "offline-run-*"))
     assert glob.glob(os.path.join(wandb_run, "files", "media", "videos", "**", "game_0_*.mp4"), recursive=True)
 
 
-def test_progress_lines_are_printed_off_a_terminal(tmp_path):
-    cheap_run = ["--total-timesteps", "300", "--learning-starts", "290", "--buffer-size", "1000", "--end-e", "1"]
-    assert_progress_lines_off_a_terminal("dqn_atari.py", cheap_run, ["100/300", "200/300"], tmp_path)
+def test_progress_lines_are_printed_off_a_terminal(tracked_run):
+    _, result = tracked_run
+    assert_progress_lines_printed(result.stderr, ["100/300", "200/300", "300/300"])
+
+
+def test_progress_follows_the_convention(monkeypatch):
+    assert_progress_follows_the_convention(dqn_atari.Progress, monkeypatch)
 
 
 @pytest.mark.parametrize(

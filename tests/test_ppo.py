@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 from common import (
-    PPO_TAGS, assert_gae_matches_reference, assert_progress_lines_off_a_terminal, assert_user_error, mp4_frames,
-    read_scalars, run_dirs, run_script,
+    PPO_TAGS, assert_gae_matches_reference, assert_progress_follows_the_convention, assert_progress_lines_off_a_terminal,
+    assert_user_error, mp4_frames, read_scalars, run_dirs, run_script,
 )
 
 import cleanrl.ppo as ppo
@@ -145,8 +145,12 @@ def test_short_cartpole_run_finishes_its_iterations_and_logs_every_tag(tmp_path)
 
 def test_progress_lines_are_printed_off_a_terminal(tmp_path):
     assert_progress_lines_off_a_terminal(
-        "ppo.py", ["--total-timesteps", "2048"], ["512/2,048", "1,024/2,048", "1,536/2,048"], tmp_path
+        "ppo.py", ["--total-timesteps", "2048"], ["512/2,048", "1,024/2,048", "1,536/2,048", "2,048/2,048"], tmp_path
     )
+
+
+def test_progress_follows_the_convention(monkeypatch):
+    assert_progress_follows_the_convention(ppo.Progress, monkeypatch)
 
 
 def test_capture_video_records_episodes_0_and_1_of_env_0(tmp_path):

@@ -10,7 +10,8 @@ import torch
 from common import (
     assert_corrupt_checkpoint_rejected, assert_evaluation_printed,
     assert_evaluation_warns_when_emulator_settings_differ, assert_gae_matches_reference,
-    assert_ppo_loss_matches_reference, assert_progress_lines_off_a_terminal, assert_rollout_dones_and_rewards,
+    assert_ppo_loss_matches_reference, assert_progress_follows_the_convention, assert_progress_line_per_iteration,
+    assert_rollout_dones_and_rewards,
     assert_ppo_run_resumes_where_its_checkpoint_left_it, assert_saved_model_loads_identically,
     assert_short_atari_run_logged, assert_user_error,
     assert_videos_show_whole_games_of_env_0, assert_warns_when_bf16_is_slow, capped_cubic_games, read_scalars,
@@ -118,11 +119,21 @@ def test_episode_statistics_count_every_step_and_reset_at_game_over():
     assert stats.step(np.array([5.0, 1.0]), np.array([True, True])) == [(0, 5.0, 1), (1, 5.0, 3)]
 
 
-def test_short_training_run_logs_every_tag_for_every_iteration(tmp_path):
-    result = run_script("ppo_atari.py", *SHORT_RUN, cwd=tmp_path)
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
+    """One short run for the tests of what a run logs, records, uploads and prints: videos on,
+    tracked (wandb offline), a progress line every iteration."""
+    cwd = tmp_path_factory.mktemp("short_run")
+    result = run_script("ppo_atari.py", *SHORT_RUN, "--capture-video", "--track", "--progress-interval", "0",
+                        cwd=cwd, env={"WANDB_DIR": str(cwd)})
     assert result.returncode == 0, result.stderr
+    return cwd, result
+
+
+def test_short_training_run_logs_every_tag_for_every_iteration(short_run):
+    cwd, result = short_run
     assert "finished 4 iterations, 1024 steps" in result.stdout
-    (run_dir,) = run_dirs(tmp_path)
+    (run_dir,) = run_dirs(cwd)
     assert_short_atari_run_logged(run_dir, batch_size=256)
 
 
@@ -189,13 +200,9 @@ def test_rollout_ends_episodes_at_life_losses_and_bootstraps_only_time_limits(tm
     assert_rollout_dones_and_rewards(ppo_atari, monkeypatch, ppo_atari.main, args)
 
 
-def test_wandb_offline_run_is_created_with_the_videos(tmp_path):
-    result = run_script(
-        "ppo_atari.py", *SHORT_RUN[:-1], "512", "--track", "--capture-video", cwd=tmp_path,
-        env={"WANDB_DIR": str(tmp_path)},
-    )
-    assert result.returncode == 0, result.stderr
-    (wandb_run,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
+def test_wandb_offline_run_is_created_with_the_videos(short_run):
+    cwd, _ = short_run
+    (wandb_run,) = glob.glob(str(cwd / "wandb" / "offline-run-*"))
     # game 0 of env 0 ends within 256 steps of random play; its video is logged as wandb media
     assert glob.glob(os.path.join(wandb_run, "files", "media", "videos", "**", "game_0_*.mp4"), recursive=True)
 
@@ -204,15 +211,19 @@ def test_video_schedule_is_capped_cubic():
     assert [game for game in range(3001) if ppo_atari.capped_cubic(game)] == capped_cubic_games(3001)
 
 
-def test_capture_video_writes_rgb_videos_of_whole_games_of_env_0(tmp_path):
-    result = run_script("ppo_atari.py", *SHORT_RUN, "--capture-video", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
+def test_capture_video_writes_rgb_videos_of_whole_games_of_env_0(short_run):
+    cwd, _ = short_run
     # A video holds its game's first screen and one screen per step.
-    assert_videos_show_whole_games_of_env_0(tmp_path, num_envs=2, extra_screens=1)
+    assert_videos_show_whole_games_of_env_0(cwd, num_envs=2, extra_screens=1)
 
 
-def test_progress_lines_are_printed_off_a_terminal(tmp_path):
-    assert_progress_lines_off_a_terminal("ppo_atari.py", SHORT_RUN, ["256/1,024", "512/1,024", "768/1,024"], tmp_path)
+def test_off_a_terminal_progress_interval_0_prints_a_plain_progress_line_per_iteration(short_run):
+    cwd, result = short_run
+    assert_progress_line_per_iteration(result.stderr, read_scalars(run_dirs(cwd)[0]), batch_size=256, iterations=4)
+
+
+def test_progress_follows_the_convention(monkeypatch):
+    assert_progress_follows_the_convention(ppo_atari.Progress, monkeypatch)
 
 
 @pytest.mark.parametrize(

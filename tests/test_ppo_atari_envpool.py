@@ -9,7 +9,7 @@ from common import (
     assert_corrupt_checkpoint_rejected, assert_evaluation_printed,
     assert_evaluation_warns_when_emulator_settings_differ, assert_gae_matches_reference,
     assert_ppo_loss_matches_reference, assert_ppo_run_resumes_where_its_checkpoint_left_it,
-    assert_progress_lines_off_a_terminal, assert_saved_model_loads_identically,
+    assert_progress_follows_the_convention, assert_progress_line_per_iteration, assert_saved_model_loads_identically,
     assert_short_atari_run_logged, assert_user_error, assert_videos_show_whole_games_of_env_0,
     assert_warns_when_bf16_is_slow, capped_cubic_games, read_scalars, recording_make_envs, run_dirs, run_script,
     watch_torch_checkpoint,
@@ -183,11 +183,20 @@ def test_episode_statistics_are_each_games_own_score_and_length_including_trunca
 
 
 # --- Whole runs of the script -----------------------------------------------------------------
-def test_short_training_run_logs_every_tag_for_every_iteration(tmp_path):
-    result = run_script(SCRIPT, *SHORT_RUN, cwd=tmp_path)
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
+    """One short run for the tests of what a run logs, records and prints: videos on, a progress
+    line every iteration."""
+    cwd = tmp_path_factory.mktemp("short_run")
+    result = run_script(SCRIPT, *SHORT_RUN, "--capture-video", "--progress-interval", "0", cwd=cwd)
     assert result.returncode == 0, result.stderr
+    return cwd, result
+
+
+def test_short_training_run_logs_every_tag_for_every_iteration(short_run):
+    cwd, result = short_run
     assert "finished 4 iterations, 1024 steps" in result.stdout
-    (run_dir,) = run_dirs(tmp_path)
+    (run_dir,) = run_dirs(cwd)
     scalars = assert_short_atari_run_logged(run_dir, batch_size=256)
     # Each game is logged at the global step where it ended, not all at the end of an iteration.
     assert any(step % 256 for step, _ in scalars["charts/episodic_return"])
@@ -260,16 +269,20 @@ def test_video_schedule_is_capped_cubic():
     assert [game for game in range(3001) if ppo_envpool.capped_cubic(game)] == capped_cubic_games(3001)
 
 
-def test_capture_video_writes_rgb_videos_of_whole_games_of_env_0(tmp_path):
-    result = run_script(SCRIPT, *SHORT_RUN, "--capture-video", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
+def test_capture_video_writes_rgb_videos_of_whole_games_of_env_0(short_run):
+    cwd, _ = short_run
     # A whole game shows its first screen, one per step, and the screens of the 4 reset steps
     # after its first 4 lost lives (not counted in its length: their action is ignored).
-    assert_videos_show_whole_games_of_env_0(tmp_path, num_envs=2, extra_screens=5)
+    assert_videos_show_whole_games_of_env_0(cwd, num_envs=2, extra_screens=5)
 
 
-def test_progress_lines_are_printed_off_a_terminal(tmp_path):
-    assert_progress_lines_off_a_terminal(SCRIPT, SHORT_RUN[:-1] + ["768"], ["256/768", "512/768"], tmp_path)
+def test_off_a_terminal_progress_interval_0_prints_a_plain_progress_line_per_iteration(short_run):
+    cwd, result = short_run
+    assert_progress_line_per_iteration(result.stderr, read_scalars(run_dirs(cwd)[0]), batch_size=256, iterations=4)
+
+
+def test_progress_follows_the_convention(monkeypatch):
+    assert_progress_follows_the_convention(ppo_envpool.Progress, monkeypatch)
 
 
 @pytest.mark.parametrize(

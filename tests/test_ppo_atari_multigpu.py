@@ -875,10 +875,11 @@ def test_destroy_process_group_stops_the_gloo_threads_before_the_interpreter_exi
 
 
 def test_short_two_process_runs_under_cpu_load_exit_cleanly(tmp_path):
-    # The run of the SIGABRT, shortened, three times, with every core kept busy meanwhile.
+    # The run of the SIGABRT, shortened, twice, with every core kept busy meanwhile (the
+    # deterministic check of its cause is the test above; the busy loops slow every test beside this one).
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
     try:
-        for attempt in range(3):
+        for attempt in range(2):
             (tmp_path / str(attempt)).mkdir()
             result = torchrun(
                 TWO_PROCESSES, "--local-num-envs", "1", "--num-steps", "16", "--total-timesteps", "32",
