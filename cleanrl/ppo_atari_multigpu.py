@@ -1158,10 +1158,12 @@ def main(args: Args):
             # A restart on a world size that cannot split the environments fails on every restart alike.
             world_sizes = resumable_world_sizes(args.num_envs, args.num_steps, args.num_minibatches, args.env_split)
             print(f"this run's {args.num_envs} environments can resume on {in_words(world_sizes)}", flush=True)
+    # Every rank prints this line to the output they share: one write with its newline (print writes
+    # the newline apart, and another rank's line could come between the two).
     print(
         f"rank {rank}/{args.world_size}: pid {os.getpid()}, {device}, {backend}, {torch.get_num_threads()} threads, "
-        f"env seeds {env_seed}..{env_seed + args.local_num_envs - 1}",
-        flush=True,
+        f"env seeds {env_seed}..{env_seed + args.local_num_envs - 1}\n",
+        end="", flush=True,
     )
 
     start_global_step, sps, games_played = global_step, 0, 0
@@ -1350,7 +1352,7 @@ def main(args: Args):
     # Every rank must end with the same weights: a difference is a bug in the synchronisation.
     digests = [None] * args.world_size
     dist.all_gather_object(digests, parameter_digest(agent))
-    print(f"rank {rank}: played {games_played} games, parameters sha256 {digests[rank]}", flush=True)
+    print(f"rank {rank}: played {games_played} games, parameters sha256 {digests[rank]}\n", end="", flush=True)
     if len(set(digests)) > 1:
         raise RuntimeError(f"the ranks ended with different weights: {digests}")
 

@@ -264,6 +264,9 @@ def test_every_rank_ends_with_bit_identical_parameters(two_process_run):
                                                              r"parameters sha256 (?P<digest>[0-9a-f]+)").items()}
     assert sorted(digests) == [0, 1]
     assert digests[0] == digests[1]
+    # The ranks print these lines at the same moment to one output: each must stay a line of its own.
+    played_lines = [line for line in result.stdout.splitlines() if " played " in line]
+    assert all(re.fullmatch(r"rank \d+: played \d+ games, parameters sha256 [0-9a-f]+", l) for l in played_lines)
     # ... and they are the weights rank 0 saved.
     (model_path,) = (cwd / "runs").glob("*/ppo_atari_multigpu.cleanrl_model")
     saved_agent, _ = multigpu.load_model(str(model_path), torch.device("cpu"))
