@@ -32,6 +32,7 @@ processes), fp32 and bf16 side by side, with the env-only limit of each script's
 import argparse
 import glob
 import json
+import logging
 import math
 import os
 import re
@@ -122,14 +123,23 @@ def read_run(path: str) -> Run | None:
     """The run in `path`, or None (after a one-line warning) when it cannot be used."""
     if not os.path.isdir(path):
         return warn(f"skipping {path}: not a run directory")
-    if not glob.glob(os.path.join(path, "events.out.tfevents*")):
+    event_files = glob.glob(os.path.join(path, "events.out.tfevents*"))
+    if not event_files:
         return warn(f"skipping {path}: no events.out.tfevents file")
+    # A resumed run's later event file starts with a purge_step: the reader drops what the cut-off
+    # attempt logged past its checkpoint, as intended, but warns of "a TensorFlow restart" for each
+    # tag; one line of our own says it instead.
+    tensorboard_logger = logging.getLogger("tensorboard")
+    level = tensorboard_logger.level
+    tensorboard_logger.setLevel(logging.ERROR)
     try:
         accumulator = EventAccumulator(path, size_guidance={"scalars": 0, "tensors": 0})
         accumulator.Reload()
         started = accumulator.FirstEventTimestamp()
     except Exception as error:  # one unreadable run must not stop the figures of the others
         return warn(f"skipping {path}: unreadable events ({type(error).__name__}: {error})")
+    finally:
+        tensorboard_logger.setLevel(level)
     identity = identify(path, accumulator)
     if identity is None:
         return warn(f"skipping {path}: unknown layout (neither a hyperparameters text with env_id, exp_name and "
@@ -138,6 +148,9 @@ def read_run(path: str) -> Run | None:
     if "charts/episodic_return" not in scalars:
         return warn(f"skipping {path}: no charts/episodic_return (no game finished)")
     episodes = accumulator.Scalars("charts/episodic_return")
+    if len(event_files) > 1:  # each file after the first is an attempt resumed from a checkpoint
+        print(f"note: {path}: resumed {len(event_files) - 1} time(s); what an attempt logged past the checkpoint it was "
+              "resumed from is left out", file=sys.stderr, flush=True)
     sps = accumulator.Scalars("charts/SPS") if "charts/SPS" in scalars else []
     return Run(
         path, *identity,

@@ -191,7 +191,7 @@ def test_of_two_runs_of_one_seed_the_one_that_got_further_counts(tmp_path, capsy
     assert "got further" in warning
 
 
-def test_a_resumed_run_counts_the_time_it_ran_not_its_pauses(tmp_path):
+def test_a_resumed_run_counts_the_time_it_ran_not_its_pauses(tmp_path, capsys, caplog):
     # games every 100 steps, one a second; the first attempt is cut off at step 1,200 after its
     # checkpoint at 1,000, and the run resumes an hour later, in the same directory
     folder = str(tmp_path / "Pong-v5__alpha__1__1700000000")
@@ -208,6 +208,11 @@ def test_a_resumed_run_counts_the_time_it_ran_not_its_pauses(tmp_path):
     assert run.episode_steps.tolist() == [100.0 * (k + 1) for k in range(20)], "the steps past 1,000 once"
     seconds = run.episode_seconds - run.episode_seconds[0]
     np.testing.assert_allclose(seconds, [*range(10), *range(9, 19)], atol=1e-3)
+    # the purge is said once, in the tool's words, not as TensorBoard's warning of a "TensorFlow restart"
+    messages = capsys.readouterr().err.splitlines()
+    assert messages == [f"note: {folder}: resumed 1 time(s); what an attempt logged past the checkpoint it was "
+                        "resumed from is left out"]
+    assert [record.message for record in caplog.records if record.name == "tensorboard"] == []
 
 
 def test_a_run_that_finished_no_game_is_skipped_with_a_warning(tmp_path, capsys):
