@@ -71,6 +71,10 @@ REFERENCE_SCORES = {
     "UpNDown": (533.4, 11693.2), "Venture": (0.0, 1187.5), "VideoPinball": (16256.9, 17667.9),
     "WizardOfWor": (563.5, 4756.5), "YarsRevenge": (3092.9, 54576.9), "Zaxxon": (32.5, 9173.3),
 }
+# A resumed run's later event file starts with a purge_step: TensorBoard's reader drops what the
+# cut-off attempt logged past its checkpoint, as intended, but warns of "a TensorFlow restart" for
+# each tag. read_run says it in one line instead; the reader's other warnings (a truncated file) stay.
+logging.getLogger("tensorboard").addFilter(lambda record: "Purging expired events" not in record.getMessage())
 RUN_DIR_NAME = re.compile(r"^(?P<env_id>.+?)__(?P<exp_name>.+)__(?P<seed>-?\d+)__(?P<timestamp>\d+)$")
 
 
@@ -126,20 +130,12 @@ def read_run(path: str) -> Run | None:
     event_files = glob.glob(os.path.join(path, "events.out.tfevents*"))
     if not event_files:
         return warn(f"skipping {path}: no events.out.tfevents file")
-    # A resumed run's later event file starts with a purge_step: the reader drops what the cut-off
-    # attempt logged past its checkpoint, as intended, but warns of "a TensorFlow restart" for each
-    # tag; one line of our own says it instead.
-    tensorboard_logger = logging.getLogger("tensorboard")
-    level = tensorboard_logger.level
-    tensorboard_logger.setLevel(logging.ERROR)
     try:
         accumulator = EventAccumulator(path, size_guidance={"scalars": 0, "tensors": 0})
         accumulator.Reload()
         started = accumulator.FirstEventTimestamp()
     except Exception as error:  # one unreadable run must not stop the figures of the others
         return warn(f"skipping {path}: unreadable events ({type(error).__name__}: {error})")
-    finally:
-        tensorboard_logger.setLevel(level)
     identity = identify(path, accumulator)
     if identity is None:
         return warn(f"skipping {path}: unknown layout (neither a hyperparameters text with env_id, exp_name and "
