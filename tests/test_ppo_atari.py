@@ -12,11 +12,12 @@ from common import (
     assert_evaluation_warns_when_emulator_settings_differ, assert_gae_matches_reference,
     assert_ppo_loss_matches_reference, assert_progress_follows_the_convention, assert_progress_line_per_iteration,
     assert_rollout_dones_and_rewards,
-    assert_ppo_run_resumes_where_its_checkpoint_left_it, assert_saved_model_loads_identically,
+    assert_saved_model_loads_identically,
     assert_short_atari_run_logged, assert_user_error,
     assert_videos_show_whole_games_of_env_0, assert_warns_when_bf16_is_slow, capped_cubic_games, read_scalars,
-    recording_make_envs, run_dirs, run_script, watch_torch_checkpoint,
+    recording_make_envs, run_dirs, run_script,
 )
+from checkpoints import assert_run_resumes_where_its_checkpoint_left_it
 
 import cleanrl.ppo_atari as ppo_atari
 
@@ -173,7 +174,7 @@ def test_loaded_model_equals_saved_model(tmp_path):
 def test_evaluation_plays_the_requested_number_of_whole_games(monkeypatch):
     made = recording_make_envs(ppo_atari, monkeypatch)
     agent = ppo_atari.Agent(4)
-    returns = ppo_atari.evaluate(agent, "BreakoutNoFrameskip-v4", 3, torch.device("cpu"), seed=1)
+    returns = ppo_atari.evaluate(agent, "BreakoutNoFrameskip-v4", 3, torch.device("cpu"), ppo_atari.Args(), seed=1)
     assert len(returns) == 3 and all(r >= 0 for r in returns)
     # Each of the 3 envs played one game to its end: all 5 lives lost, no time limit, and the
     # returns are those games' whole scores.
@@ -237,6 +238,7 @@ def test_progress_follows_the_convention(monkeypatch):
         (["--eval-episodes", "0"], "must be positive"),
         (["--eval-checkpoint", "missing.cleanrl_model"], "does not exist"),
         (["--checkpoint-every", "-1"], "--checkpoint-every must be 0 (never) or positive"),
+        (["--max-episode-steps", "0"], "--max-episode-steps must be positive"),
     ],
 )
 def test_bad_input_is_a_one_line_error(tmp_path, args, message):
@@ -248,7 +250,5 @@ def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):
 
 
 def test_a_resumed_run_restores_its_state_and_goes_on_in_its_directory(tmp_path, monkeypatch, capsys):
-    restored = watch_torch_checkpoint(ppo_atari, monkeypatch, iteration=2)
     args = dict(num_envs=2, num_steps=128, cuda=False)
-    assert_ppo_run_resumes_where_its_checkpoint_left_it(ppo_atari, tmp_path, monkeypatch, capsys, args)
-    assert restored == [(2, 512)]
+    assert_run_resumes_where_its_checkpoint_left_it(ppo_atari, tmp_path, monkeypatch, capsys, args)

@@ -1,0 +1,70 @@
+"""Checkpoints and resume, through a script's public seams: `main(Args)`, its files, its output and
+`lock_run`. Shared by the tests of the scripts that checkpoint."""
+
+import os
+import re
+
+import numpy as np
+import torch
+from common import assert_main_fails_with, read_scalars, run_dirs
+
+
+def assert_run_resumes_where_its_checkpoint_left_it(module, tmp_path, monkeypatch, capsys, args: dict) -> str:
+    """A PPO script's run of 4 iterations with a checkpoint every 2 loses its last checkpoint (the machine
+    went away after iteration 4 was logged, before its checkpoint was written). A second process cannot
+    take the run over while the first holds it, nor a command with other hyperparameters; `--resume
+    auto` goes on from iteration 2 in the run's own directory: every iteration logged once, the learning
+    rate annealed over the whole run, no game twice, Adam's moments carried on, and the weights of a
+    checkpoint restored bit for bit. Returns the resumed run's output."""
+    monkeypatch.chdir(tmp_path)
+    batch = args["num_envs"] * args["num_steps"]
+    run = dict(args, total_timesteps=4 * batch, checkpoint_every=2)
+    module.main(module.Args(**run))
+    (run_dir,) = run_dirs(tmp_path)
+    checkpoints = os.path.join(run_dir, "checkpoints")
+    assert sorted(os.listdir(checkpoints)) == ["iteration-0000002.pt", "iteration-0000004.pt", "lock"]
+    os.remove(os.path.join(checkpoints, "iteration-0000004.pt"))
+    capsys.readouterr()
+
+    lock = module.lock_run(checkpoints)  # a process still running the run
+    assert_main_fails_with(module.main, module.Args(**run, resume="auto"), "checkpoints is in use")
+    lock.close()
+    assert_main_fails_with(
+        module.main, module.Args(**dict(run, clip_coef=0.2), resume="auto"), "the checkpoint's run has clip_coef=0.1"
+    )
+    missing = os.path.join(checkpoints, "iteration-0000009.pt")
+    assert_main_fails_with(module.main, module.Args(**run, resume=missing), "no such checkpoint file")
+    (tmp_path / "corrupt.pt").write_bytes(b"not a checkpoint")
+    assert_main_fails_with(module.main, module.Args(**run, resume="corrupt.pt"), "not a readable")
+
+    module.main(module.Args(**run, resume="auto"))
+    output = capsys.readouterr().out
+    saved_at = re.escape(os.path.join(os.path.relpath(checkpoints, tmp_path), "iteration-0000002.pt"))
+    assert re.search(rf"resuming \S+ at step {2 * batch:,} from {saved_at}", output), output
+    assert "has changed since the checkpoint" not in output
+    assert f"finished 4 iterations, {4 * batch} steps" in output
+    assert run_dirs(tmp_path) == [run_dir], "the resumed run goes on in its own directory"
+    scalars = read_scalars(run_dir)
+    iteration_steps = [batch * i for i in range(1, 5)]
+    for tag in ("losses/value_loss", "charts/learning_rate", "charts/SPS"):
+        assert [step for step, _ in scalars[tag]] == iteration_steps, tag
+    learning_rate = module.Args().learning_rate
+    np.testing.assert_allclose(
+        [value for _, value in scalars["charts/learning_rate"]], [learning_rate * (1 - i / 4) for i in range(4)], rtol=1e-6
+    )
+    game_steps = [step for step, _ in scalars["charts/episodic_return"]]
+    assert game_steps, "the run finished games: their steps are checked"
+    assert game_steps == sorted(set(game_steps)), "every game once, none of the first attempt's past iteration 2"
+    assert sorted(os.listdir(checkpoints)) == ["iteration-0000002.pt", "iteration-0000004.pt", "lock"]
+
+    # Adam went on counting from the checkpoint's updates, not from zero.
+    last = torch.load(os.path.join(checkpoints, "iteration-0000004.pt"), weights_only=True)
+    updates = 4 * last["args"]["update_epochs"] * last["args"]["num_minibatches"]
+    assert all(int(state["step"]) == updates for state in last["optimizer"]["state"].values())
+    # Resuming the finished run has nothing left to learn: the model it saves is the checkpoint's, bit for bit.
+    module.main(module.Args(**run, resume="auto", save_model=True, eval_episodes=1))
+    (model_path,) = [os.path.join(run_dir, f) for f in os.listdir(run_dir) if f.endswith(".cleanrl_model")]
+    saved = torch.load(model_path, weights_only=True)["model"]
+    for name, value in last["model"].items():
+        assert torch.equal(saved[name], value), name
+    return output

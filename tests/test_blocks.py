@@ -1,0 +1,100 @@
+"""The run-infrastructure blocks (progress, logging, run lock, checkpoints, videos, evaluation) are one
+design each, copied into every script that has them: duplication by design, held under this test.
+A copy may differ from the others only in lines that end in `# this script` (the env library, the
+network's type, the serialization); any other difference is drift, and fails here with the diff."""
+
+import ast
+import difflib
+import os
+
+import pytest
+from common import REPO_ROOT
+
+MARK = "# this script"
+
+# Which scripts carry which block. A script that gains a block joins its list.
+ATARI_TORCH = ["ppo_atari.py"]
+WITH_CHECKPOINTS = ["ppo_atari.py"]
+BLOCKS = {
+    "fail": ["ppo_atari.py"],
+    "start_logging": ["ppo_atari.py"],
+    "Progress": ["ppo_atari.py"],
+    "warn_if_bf16_is_slow": ATARI_TORCH,
+    "capped_cubic": ATARI_TORCH,
+    "VideoRecorder": ATARI_TORCH,
+    "save_model": ATARI_TORCH,
+    "load_model": ATARI_TORCH,
+    "evaluate": ATARI_TORCH,
+    "run_evaluation": ATARI_TORCH,
+    "lock_run": WITH_CHECKPOINTS,
+    "script_digest": WITH_CHECKPOINTS,
+    "RESUMABLE_CHANGES": WITH_CHECKPOINTS,
+    "save_checkpoint": WITH_CHECKPOINTS,
+    "load_checkpoint": WITH_CHECKPOINTS,
+}
+
+
+def blocks_of(source: str) -> dict[str, list[str]]:
+    """The text of each top-level function, class and constant of a script, by name; the statements
+    that build one constant (`X = ...`, `X |= ...`) are one block."""
+    lines, blocks = source.splitlines(), {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            name = node.name
+        elif isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+            name = getattr(target, "id", None)
+        else:
+            continue
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        blocks.setdefault(name, []).extend(lines[first - 1 : node.end_lineno])
+    return blocks
+
+
+def shared_text(block: list[str]) -> list[str]:
+    """A block without its marked lines: the text every copy must share."""
+    return [line for line in block if not line.rstrip().endswith(MARK) and f"{MARK}:" not in line]
+
+
+def drift(copies: dict[str, list[str]]) -> str:
+    """'' when every copy shares its unmarked text with the first; else the diffs against it."""
+    (first, reference), *others = copies.items()
+    diffs = []
+    for script, block in others:
+        diff = difflib.unified_diff(shared_text(reference), shared_text(block), first, script, lineterm="")
+        diffs.extend(diff)
+    return "\n".join(diffs)
+
+
+@pytest.fixture(scope="module")
+def scripts() -> dict[str, dict[str, list[str]]]:
+    names = {script for holders in BLOCKS.values() for script in holders}
+    found = {}
+    for script in sorted(names):
+        with open(os.path.join(REPO_ROOT, "cleanrl", script)) as f:
+            found[script] = blocks_of(f.read())
+    return found
+
+
+@pytest.mark.parametrize("block", sorted(BLOCKS))
+def test_every_copy_of_a_block_is_the_same_text_but_for_marked_lines(scripts, block):
+    missing = [script for script in BLOCKS[block] if block not in scripts[script]]
+    assert not missing, f"{block} is missing from {missing}"
+    copies = {script: scripts[script][block] for script in BLOCKS[block]}
+    assert drift(copies) == "", f"{block} has drifted:\n{drift(copies)}"
+
+
+@pytest.mark.parametrize("block", sorted(BLOCKS))
+def test_marked_lines_stay_few(scripts, block):
+    # A block that differs in most of its lines is not one design: give each script its own.
+    for script in BLOCKS[block]:
+        text = scripts[script][block]
+        assert len(text) - len(shared_text(text)) <= max(2, len(text) // 3), (script, block)
+
+
+def test_a_changed_copy_is_caught():
+    source = "def f(x):\n    return x + 1\n\n\ndef g():\n    return 2  # this script\n"
+    changed = source.replace("x + 1", "x + 2").replace("return 2", "return 3")
+    assert drift({"a.py": blocks_of(source)["g"], "b.py": blocks_of(changed)["g"]}) == "", "marked lines may differ"
+    report = drift({"a.py": blocks_of(source)["f"], "b.py": blocks_of(changed)["f"]})
+    assert "-    return x + 1" in report and "+    return x + 2" in report
