@@ -437,8 +437,11 @@ def main(args: Args):
 
         sps = int((global_step - start_global_step) / (time.time() - start_time))
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        for name in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl"):
-            writer.add_scalar(f"losses/{name}", stats[name].item(), global_step)
+        writer.add_scalar("losses/value_loss", stats["value_loss"].item(), global_step)
+        writer.add_scalar("losses/policy_loss", stats["policy_loss"].item(), global_step)
+        writer.add_scalar("losses/entropy", stats["entropy"].item(), global_step)
+        writer.add_scalar("losses/old_approx_kl", stats["old_approx_kl"].item(), global_step)
+        writer.add_scalar("losses/approx_kl", stats["approx_kl"].item(), global_step)
         writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
