@@ -288,7 +288,7 @@ def main(args: Args):
     progress = Progress(total_steps, args.progress_interval)
     exploration_steps = args.exploration_fraction * args.total_timesteps
     global_step, num_updates = 0, 0
-    window_loss, window_q, window_updates = 0.0, 0.0, 0  # the updates since the last log point
+    window = []  # (TD loss, mean Q(s, a)) of the updates since the last log point
     start_time = time.time()
 
     for _ in range(num_vector_steps):
@@ -320,9 +320,7 @@ def main(args: Args):
                 loss.backward()
                 optimizer.step()
                 num_updates += 1
-                window_updates += 1
-                window_loss += loss.item()
-                window_q += q_taken.mean().item()
+                window.append((loss.item(), q_taken.mean().item()))
             if step > args.learning_starts and step % args.target_network_frequency == 0:
                 update_target(target_network, q_network, args.tau)
         previous_step, global_step = global_step, global_step + args.num_envs
@@ -331,10 +329,11 @@ def main(args: Args):
             sps = int(global_step / (time.time() - start_time))
             writer.add_scalar("charts/SPS", sps, global_step)
             writer.add_scalar("charts/epsilon", epsilon, global_step)
-            if window_updates:
-                writer.add_scalar("losses/td_loss", window_loss / window_updates, global_step)
-                writer.add_scalar("losses/q_values", window_q / window_updates, global_step)
-                window_loss, window_q, window_updates = 0.0, 0.0, 0
+            if window:
+                td_loss, q_values = np.mean(window, axis=0)
+                writer.add_scalar("losses/td_loss", td_loss, global_step)
+                writer.add_scalar("losses/q_values", q_values, global_step)
+                window.clear()
             progress.show(global_step, sps, recent_returns)
 
     progress.close()

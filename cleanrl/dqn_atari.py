@@ -240,11 +240,11 @@ class FrameReplayBuffer:
     def state_dict(self) -> dict:
         """The written slots, one tensor per env that shares its storage (no copy). Not one tensor of all
         envs: a strided view, of which torch.save writes the whole storage span, unwritten slots included."""
-        arrays = {name: getattr(self, name) for name in self.SLOT_ARRAYS}
-        slots = {
-            name: [torch.from_numpy(a[env, : self.used]) for env in range(self.num_envs)] for name, a in arrays.items()
+        envs = range(self.num_envs)
+        state = {
+            name: [torch.from_numpy(getattr(self, name)[e, : self.used]) for e in envs] for name in self.SLOT_ARRAYS
         }
-        return {**slots, "pos": torch.from_numpy(self.pos), "used": self.used}
+        return {**state, "pos": torch.from_numpy(self.pos), "used": self.used}
 
     def load_state_dict(self, state: dict):
         self.used = int(state["used"])
@@ -262,15 +262,8 @@ class FrameReplayBuffer:
         first = self.first[envs[:, None], window[:, 1 : self.stack]]
         before_game = np.flip(np.logical_or.accumulate(np.flip(first, 1), 1), 1)
         frames[:, : self.stack - 1][before_game] = 0
-        actions, rewards, dones = self.actions[envs, slots], self.rewards[envs, slots], self.dones[envs, slots]
-        next_obs = frames[:, 1:]
-        return dict(
-            obs=frames[:, : self.stack],
-            next_obs=next_obs,
-            actions=actions.astype(np.int64),
-            rewards=rewards,
-            dones=dones.astype(np.float32),
-        )
+        fields = dict(obs=frames[:, :-1], next_obs=frames[:, 1:], actions=self.actions[envs, slots].astype(np.int64))
+        return dict(fields, rewards=self.rewards[envs, slots], dones=self.dones[envs, slots].astype(np.float32))
 
     def sample(self, batch_size: int, rng: np.random.Generator, device) -> dict[str, torch.Tensor]:
         """Uniform with replacement over the stored steps of all envs."""
@@ -409,7 +402,7 @@ def main(args: Args):
     progress = Progress(total_steps, args.progress_interval)
     video = VideoRecorder(f"videos/{run_name}", args.env_id, env_seed, args, env0_games) if args.capture_video else None
     exploration_steps = args.exploration_fraction * args.total_timesteps
-    window_loss, window_q, window_updates = 0.0, 0.0, 0  # the updates since the last log point
+    window = []  # (TD loss, mean Q(s, a)) of the updates since the last log point
     start_time, start_step, sps = time.time(), global_step, 0
 
     for _ in range(global_step // args.num_envs, num_vector_steps):
@@ -450,9 +443,7 @@ def main(args: Args):
                 loss.backward()
                 optimizer.step()
                 num_updates += 1
-                window_updates += 1
-                window_loss += loss.item()
-                window_q += q_taken.detach().mean().item()
+                window.append((loss.item(), q_taken.detach().mean().item()))
             if step > args.learning_starts and step % args.target_network_frequency == 0:
                 update_target(target_network, q_network, args.tau)
         previous_step, global_step = global_step, global_step + args.num_envs
@@ -461,10 +452,11 @@ def main(args: Args):
             sps = int((global_step - start_step) / (time.time() - start_time))
             writer.add_scalar("charts/SPS", sps, global_step)
             writer.add_scalar("charts/epsilon", epsilon, global_step)
-            if window_updates:
-                writer.add_scalar("losses/td_loss", window_loss / window_updates, global_step)
-                writer.add_scalar("losses/q_values", window_q / window_updates, global_step)
-                window_loss, window_q, window_updates = 0.0, 0.0, 0
+            if window:
+                td_loss, q_values = np.mean(window, axis=0)
+                writer.add_scalar("losses/td_loss", td_loss, global_step)
+                writer.add_scalar("losses/q_values", q_values, global_step)
+                window.clear()
             progress.show(global_step, sps, recent_returns)
 
         every = args.checkpoint_every
