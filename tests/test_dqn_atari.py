@@ -574,5 +574,20 @@ def test_a_resumed_run_goes_on_in_its_directory_with_each_step_logged_once(tmp_p
         assert_main_fails_with(dqn_atari.main, missing, "--resume 'nothing.pt': no such checkpoint file")
         (tmp_path / "corrupt.pt").write_bytes(b"not a checkpoint")
         assert_main_fails_with(dqn_atari.main, dqn_atari.Args(**args, resume="corrupt.pt"), "not a readable")
+
+        # The resumed run draws from the checkpoint's random state (exploration, sampling): resumed from a copy
+        # of the checkpoint at 400 that holds another, its first 50 steps explore otherwise.
+        (tmp_path / "other").mkdir()
+        monkeypatch.chdir(tmp_path / "other")
+        torch.save({**saved, "numpy_rng": np.random.default_rng(12345).bit_generator.state}, "other_rng.pt")
+        uncut = cut_off_at(dqn_atari, monkeypatch, 500)
+        with pytest.raises(CutOff):
+            dqn_atari.main(dqn_atari.Args(**dict(args, checkpoint_every=50), resume="other_rng.pt"))
+        uncut()
+        (other_rng,) = glob.glob("runs/*/checkpoints/step-000000450.pt")
+        first = int(saved["replay_memory"]["pos"][0]) + 1  # the slot of the resumed run's first step
+        resumed_actions = last["replay_memory"]["actions"][0][first : first + 50]
+        other_actions = torch.load(other_rng, weights_only=True)["replay_memory"]["actions"][0][first : first + 50]
+        assert not torch.equal(resumed_actions, other_actions)
     finally:
         torch.set_num_threads(threads)
