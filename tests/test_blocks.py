@@ -14,18 +14,18 @@ MARK = "# this script"
 
 # Which scripts carry which block. A script that gains a block joins its list.
 ATARI_TORCH = ["ppo_atari.py"]
-WITH_CHECKPOINTS = ["ppo_atari.py"]
+WITH_CHECKPOINTS = ["ppo_atari.py", "dqn_atari.py"]
 BLOCKS = {
-    "fail": ["ppo_atari.py"],
-    "start_logging": ["ppo_atari.py"],
-    "Progress": ["ppo_atari.py"],
+    "fail": ["ppo_atari.py", "dqn_atari.py", "dqn.py"],
+    "start_logging": ["ppo_atari.py", "dqn_atari.py", "dqn.py"],
+    "Progress": ["ppo_atari.py", "dqn_atari.py", "dqn.py"],
     "warn_if_bf16_is_slow": ATARI_TORCH,
-    "capped_cubic": ATARI_TORCH,
-    "VideoRecorder": ATARI_TORCH,
-    "save_model": ATARI_TORCH,
-    "load_model": ATARI_TORCH,
-    "evaluate": ATARI_TORCH,
-    "run_evaluation": ATARI_TORCH,
+    "capped_cubic": ATARI_TORCH + ["dqn_atari.py"],
+    "VideoRecorder": ATARI_TORCH + ["dqn_atari.py"],
+    "save_model": ATARI_TORCH + ["dqn_atari.py", "dqn.py"],
+    "load_model": ATARI_TORCH + ["dqn_atari.py", "dqn.py"],
+    "evaluate": ATARI_TORCH + ["dqn_atari.py"],
+    "run_evaluation": ATARI_TORCH + ["dqn_atari.py"],
     "lock_run": WITH_CHECKPOINTS,
     "script_digest": WITH_CHECKPOINTS,
     "RESUMABLE_CHANGES": WITH_CHECKPOINTS,
