@@ -24,7 +24,7 @@ that a change of load hits both alike. A round's time is the slowest process's (
 end of its own call); the table gives the median over the rounds. Under torchrun (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT set) `--worker` runs as one of torchrun's processes, e.g. over real machines.
 
-Bad input is one line `error: ...` and a non-zero exit. Docs: docs/benchmarks.md#ring-against-central-averaging
+Bad input is one line `error: ...` and a non-zero exit. Docs: docs/distributed.md#ring-against-central-averaging
 """
 
 import argparse
@@ -126,9 +126,11 @@ def central_average(tensor, world_size: int, rank: int, inbox: list):
         sends = [dist.P2POp(dist.isend, tensor, peer) for peer in range(1, world_size)]
         for work in dist.batch_isend_irecv(sends):
             work.wait()
-    else:
-        dist.send(tensor, dst=0)
-        dist.recv(tensor, src=0)
+    else:  # batches of one: every point-to-point call of the scheme goes through batch_isend_irecv, as rank 0's
+        for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, tensor, 0)]):
+            work.wait()
+        for work in dist.batch_isend_irecv([dist.P2POp(dist.irecv, tensor, 0)]):
+            work.wait()
 
 
 def worker(cli):
