@@ -244,11 +244,12 @@ def run_processes(processes: int, cli) -> dict:
             }
             workers.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
             logs.append(log)
+        # Until all have exited, or one has failed (the others would wait for it until --timeout).
         deadline = time.monotonic() + cli.timeout + 60
-        for process in workers:
-            process.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        fail(f"{processes} processes did not finish within {cli.timeout + 60} s")
+        while any(p.poll() is None for p in workers) and not any(p.poll() for p in workers):
+            if time.monotonic() > deadline:
+                fail(f"{processes} processes did not finish within {cli.timeout + 60} s")
+            time.sleep(0.1)
     finally:
         for process in workers:
             if process.poll() is None:
@@ -259,13 +260,15 @@ def run_processes(processes: int, cli) -> dict:
         log.seek(0)
         outputs.append(log.read())
         log.close()
-    for rank, (process, output) in enumerate(zip(workers, outputs)):
-        if process.returncode != 0:
-            lines = [line for line in output.strip().splitlines() if line.strip()]
-            fail(
-                f"{processes} processes: rank {rank} exited with {process.returncode}: "
-                f"{lines[-1] if lines else 'no output'}"
-            )
+    # The first process that failed by itself, before those stopped here because of it (killed: negative).
+    failed = sorted((p.returncode < 0, rank) for rank, p in enumerate(workers) if p.returncode != 0)
+    if failed:
+        rank = failed[0][1]
+        lines = [line for line in outputs[rank].strip().splitlines() if line.strip()]
+        fail(
+            f"{processes} processes: rank {rank} exited with {workers[rank].returncode}: "
+            f"{lines[-1] if lines else 'no output'}"
+        )
     results = [line for line in outputs[0].splitlines() if line.startswith("RESULT ")]
     if not results:
         fail(f"{processes} processes: rank 0 printed no result")
