@@ -3,6 +3,7 @@
     python benchmark/plot.py learning                      # runs/ -> plots/
     python benchmark/plot.py learning --runs-dir benchmark/results/runs --out-dir docs/img/breakout_1m
     python benchmark/plot.py throughput throughput.json    # a `benchmark/throughput.py --json` result
+    python benchmark/plot.py allreduce allreduce.json      # a `benchmark/allreduce.py --json` result
 
 learning: reads every `RUNS_DIR/*/events.out.tfevents*`, takes each run's env id, exp_name (the
 script) and seed from its hyperparameters text, else from its directory name
@@ -23,6 +24,9 @@ script) and seed from its hyperparameters text, else from its directory name
       REFERENCE_SCORES below.
 A run directory without events, or that names no env id, script and seed, is skipped with a
 one-line warning.
+
+allreduce: the time of one gradient average against the number of processes, ring against central, and
+their ratio beside the ratio of the busiest process's bytes (a `benchmark/allreduce.py --json` result).
 
 throughput: a bar chart of the steady SPS of each script (and of the torchrun script with 1 and 2
 processes), fp32 and bf16 side by side, with the env-only limit of each script's environment
@@ -492,6 +496,78 @@ def throughput(cli):
     save(plot_throughput(read_throughput(cli.results)), os.path.join(cli.out_dir, "throughput.png"))
 
 
+# ---------------------------------------------------------------------------------------------
+# Gradient averaging against the number of processes (benchmark/allreduce.py)
+# ---------------------------------------------------------------------------------------------
+def read_allreduce(path: str) -> dict:
+    try:
+        with open(path) as f:
+            results = json.load(f)
+        rows, ratios = results["rows"], results["central_over_ring"]
+        assert rows and all({"processes", "scheme", "median_ms", "busiest_sent_bytes"} <= row.keys() for row in rows)
+        assert all({"processes", "time_ratio", "bytes_ratio"} <= point.keys() for point in ratios)
+        assert "central_60_percent_more_at" in results
+    except (OSError, ValueError, KeyError, TypeError, AssertionError) as error:
+        fail(f"{path} is not a `benchmark/allreduce.py --json` result ({type(error).__name__}); write one with "
+             "python benchmark/allreduce.py --json FILE")
+    return results
+
+
+def plot_allreduce(results: dict) -> plt.Figure:
+    """Left: the median time of one average per scheme against the process count. Right: central / ring,
+    the measured time and the busiest process's computed bytes (N / 2), with the line where the central
+    scheme costs 60% more than the ring and the count where the measured ratio reaches it."""
+    setup, rows = results.get("setup", {}), results["rows"]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4))
+    colors = {"ring": "tab:blue", "central": "tab:red"}
+    for scheme in dict.fromkeys(row["scheme"] for row in rows):
+        points = sorted((row["processes"], row["median_ms"], row["busiest_sent_bytes"]) for row in rows
+                        if row["scheme"] == scheme)
+        counts, times, sent = zip(*points)
+        left.plot(counts, times, "o-", color=colors.get(scheme), label=f"{scheme}")
+        for n, t, b in points:
+            left.annotate(f"{t:.1f} ms\n{b / 1e6:.1f} MB", (n, t), textcoords="offset points",
+                          xytext=(4, -22) if scheme == "ring" else (-8, 6), ha="left" if scheme == "ring" else "right",
+                          fontsize="x-small", color=colors.get(scheme))
+    top = max(row["median_ms"] for row in rows)
+    left.set_ylim(-0.15 * top, 1.2 * top)  # room for the labels above and below the points
+    left.set_xlim(min(r["processes"] for r in rows) / 1.35, max(r["processes"] for r in rows) * 1.35)
+    left.set_ylabel("median time of one average (ms)")
+    left.set_title("time; MB each way of the busiest process (computed)", fontsize="medium")
+    ratios = sorted((p["processes"], p["time_ratio"], p["bytes_ratio"]) for p in results["central_over_ring"])
+    counts = [n for n, _, _ in ratios]
+    right.plot(counts, [r for _, r, _ in ratios], "o-", color="black", label="time (measured)")
+    bytes_label = "busiest process's bytes (computed: N / 2)"
+    right.plot(counts, [b for _, _, b in ratios], "s--", color="gray", label=bytes_label)
+    right.axhline(1.6, color="tab:orange", linewidth=1.5, label="central costs 60% more than ring (1.6)")
+    at = results["central_60_percent_more_at"]
+    if at is not None:
+        right.axvline(at, color="tab:orange", linestyle=":", linewidth=1.5)
+        right.annotate(f"measured: {at:.1f} processes", (at, 1.6), textcoords="offset points", xytext=(5, -14),
+                       fontsize="small", color="tab:orange")
+    right.set_ylabel("central / ring")
+    right.set_title("central scheme over ring", fontsize="medium")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(counts, [str(n) for n in counts])
+        ax.minorticks_off()
+        ax.set_xlabel("processes")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    parts = [f"{setup.get('numel', 0):,} fp32 parameters" if setup.get("numel") else None, setup.get("backend"),
+             setup.get("transport"), f"{setup.get('cpus')} CPUs ({setup.get('cpu')})" if setup.get("cpus") else None,
+             setup.get("gpu"), setup.get("date")]
+    title = ", ".join(str(part) for part in parts if part)
+    figure.suptitle(title + "\nthe traffic pattern of a cluster, not a cluster", fontsize="medium")
+    figure.tight_layout()
+    return figure
+
+
+def allreduce(cli):
+    os.makedirs(cli.out_dir, exist_ok=True)
+    save(plot_allreduce(read_allreduce(cli.results)), os.path.join(cli.out_dir, "allreduce.png"))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="figure", required=True)
@@ -507,8 +583,13 @@ def main():
     speed = commands.add_parser("throughput", help="the bar chart of a `benchmark/throughput.py --json` result")
     speed.add_argument("results", help="the JSON file written by benchmark/throughput.py --json")
     speed.add_argument("--out-dir", default="plots", help="where throughput.png goes (default: plots)")
+    averaging = commands.add_parser("allreduce", help="the figure of a `benchmark/allreduce.py --json` result")
+    averaging.add_argument("results", help="the JSON file written by benchmark/allreduce.py --json")
+    averaging.add_argument("--out-dir", default="plots", help="where allreduce.png goes (default: plots)")
     cli = parser.parse_args()
-    if cli.figure == "learning":
+    if cli.figure == "allreduce":
+        allreduce(cli)
+    elif cli.figure == "learning":
         if cli.window < 1 or cli.reps < 1 or cli.every < 0:
             fail("--window and --reps must be positive, --every 0 or positive")
         learning(cli)

@@ -1,0 +1,125 @@
+"""benchmark/allreduce.py (ring against central gradient averaging) and `benchmark/plot.py allreduce`:
+both schemes give every process the plain mean of the processes' gradients, with 2 and 3 processes
+(tiny tensors, one timed round: no timing is checked); the busiest process's bytes follow the two
+algorithms; the figure is written; bad input is a one-line error."""
+
+import json
+import math
+import os
+
+import matplotlib.image
+import pytest
+import torch
+from common import assert_user_error, run_tool
+
+import benchmark.allreduce as allreduce
+import cleanrl.ppo_atari_multigpu as multigpu
+
+NUMEL = 1003  # not a multiple of 2 or 3: the ring's chunks are uneven
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """One run of the tool with 2 and 3 processes, keeping every process's averaged tensor."""
+    folder = tmp_path_factory.mktemp("allreduce")
+    result = run_tool(
+        "allreduce.py",
+        "--processes",
+        "2",
+        "3",
+        "--numel",
+        str(NUMEL),
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--json",
+        str(folder / "allreduce.json"),
+        "--save-dir",
+        str(folder),
+        cwd=folder,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    with open(folder / "allreduce.json") as f:
+        return folder, result.stdout, json.load(f)
+
+
+@pytest.mark.parametrize("processes", [2, 3])
+@pytest.mark.parametrize("scheme", ["ring", "central"])
+def test_both_schemes_give_every_process_the_plain_mean(measured, processes, scheme):
+    folder, _, _ = measured
+    plain_mean = torch.stack([allreduce.rank_gradient(rank, NUMEL) for rank in range(processes)]).mean(dim=0)
+    for rank in range(processes):
+        averaged = torch.load(folder / f"{scheme}-{processes}-rank{rank}.pt")
+        torch.testing.assert_close(averaged, plain_mean, rtol=1e-6, atol=1e-6)
+    assert len(plain_mean.unique()) == NUMEL  # distinct values: a wrong permutation would not pass
+
+
+def test_the_table_and_the_json_give_each_count_and_scheme_with_the_computed_bytes(measured):
+    _, stdout, results = measured
+    size = NUMEL * 4
+    rows = {(row["processes"], row["scheme"]): row for row in results["rows"]}
+    assert sorted(rows) == [(2, "central"), (2, "ring"), (3, "central"), (3, "ring")]
+    assert rows[(3, "ring")]["busiest_sent_bytes"] == rows[(3, "ring")]["busiest_received_bytes"] == 4 / 3 * size
+    assert rows[(3, "central")]["busiest_sent_bytes"] == 2 * size
+    assert all(row["median_ms"] > 0 and row["max_abs_error"] < 1e-5 for row in rows.values())
+    assert [p["bytes_ratio"] for p in results["central_over_ring"]] == [1.0, 1.5]
+    assert results["setup"]["numel"] == NUMEL and results["setup"]["backend"] == "gloo"
+    assert "| 3 | central |" in stdout and "the traffic pattern of a cluster, not a cluster" in stdout
+
+
+def test_the_busiest_process_traffic_follows_the_algorithms():
+    size = 1000
+    for n in (2, 4, 8, 16):
+        ring, central = allreduce.busiest_traffic("ring", n, size), allreduce.busiest_traffic("central", n, size)
+        assert ring == (2 * (n - 1) / n * size,) * 2
+        assert central == ((n - 1) * size,) * 2
+        assert central[0] / ring[0] == pytest.approx(n / 2)
+    assert allreduce.busiest_traffic("ring", 16, size)[0] < 2 * size  # the ring's never reaches 2 gradients
+
+
+def test_the_default_size_is_the_nature_cnn_of_the_scripts():
+    assert allreduce.NATURE_CNN_PARAMETERS == sum(p.numel() for p in multigpu.Agent(4).parameters()) == 1_686_693
+
+
+def test_the_claim_point_is_interpolated_in_log2_of_the_count():
+    assert allreduce.crossing([(2, 1.0), (4, 2.2)]) == pytest.approx(2**1.5)
+    assert allreduce.crossing([(4, 2.0), (2, 1.7)]) == 2.0  # already there at the smallest count
+    assert allreduce.crossing([(2, 1.1), (4, 1.5), (8, 1.2)]) is None
+    assert math.isclose(allreduce.crossing([(2, 1.0), (4, 1.2), (8, 2.0)]), 2 ** (2 + 0.5))
+
+
+def test_the_figure_is_written(measured, tmp_path):
+    folder, _, _ = measured
+    result = run_tool(
+        "plot.py", "allreduce", str(folder / "allreduce.json"), "--out-dir", str(tmp_path / "img"), cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    image = matplotlib.image.imread(tmp_path / "img" / "allreduce.png")
+    assert image.shape[0] > 300 and image.shape[1] > 600
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--processes", "1", "2"], "each count must be 2 or more"),
+        (["--repeats", "0"], "must be positive"),
+        (["--numel", "-5"], "must be positive"),
+        (["--backend", "mpi"], "invalid choice: 'mpi'"),
+        (["--save-dir", "/nonexistent/folder"], "no such folder"),
+        (["--json", "/nonexistent/folder/out.json"], "its folder does not exist"),
+        (["--backend", "nccl", "--processes", "2"], "one process per GPU"),
+    ],
+)
+def test_bad_input_is_a_one_line_error(tmp_path, args, message):
+    if "nccl" in args and torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has the GPUs")
+    assert_user_error(run_tool("allreduce.py", *args, cwd=tmp_path), message)
+
+
+def test_a_file_that_is_not_a_result_is_a_one_line_error_of_the_figure(tmp_path):
+    (tmp_path / "other.json").write_text(json.dumps({"rows": [{"script": "ppo_atari"}]}))
+    result = run_tool("plot.py", "allreduce", str(tmp_path / "other.json"), "--out-dir", str(tmp_path), cwd=tmp_path)
+    assert_user_error(result, "is not a `benchmark/allreduce.py --json` result")
+    assert not os.path.exists(tmp_path / "allreduce.png")
