@@ -16,7 +16,7 @@ MARK = "# this script"
 ATARI_TORCH = ["ppo_atari.py"]
 WITH_CHECKPOINTS = ["ppo_atari.py"]
 # gymnasium's RecordVideo records their videos; wandb gets the files at the end.
-SMALL_SCRIPTS = ["ppo.py"]
+SMALL_SCRIPTS = ["ppo.py", "ppo_continuous_action.py", "sac_continuous_action.py"]
 BLOCKS = {
     "fail": ["ppo_atari.py", *SMALL_SCRIPTS],
     "start_logging": ["ppo_atari.py", *SMALL_SCRIPTS],

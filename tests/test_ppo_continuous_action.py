@@ -7,10 +7,20 @@ import numpy as np
 import pytest
 import torch
 from common import (
-    PPO_TAGS, assert_episodes_0_1_8_recorded_and_uploaded, assert_gae_matches_reference, assert_main_fails_with,
+    PPO_TAGS,
+    assert_episodes_0_1_8_recorded_and_uploaded,
+    assert_gae_matches_reference,
+    assert_main_fails_with,
     assert_ppo_loss_matches_reference,
-    assert_progress_follows_the_convention, assert_user_error, eval_returns, mujoco_offscreen_rendering_error, progress_steps, read_scalars,
-    recording_make_envs, run_dirs, run_script,
+    assert_progress_follows_the_convention,
+    assert_user_error,
+    eval_returns,
+    mujoco_offscreen_rendering_error,
+    progress_steps,
+    read_scalars,
+    recording_make_envs,
+    run_dirs,
+    run_script,
 )
 
 import cleanrl.ppo_continuous_action as pca
@@ -28,8 +38,14 @@ TRUNCATION_LENGTH = 4  # of StepCountTruncatedAfter4-v0
 def small_args(**overrides) -> pca.Args:
     """2 envs x 16 steps on StepCountTruncatedAfter4-v0, 2 iterations."""
     fields = dict(
-        env_id="StepCountTruncatedAfter4-v0", num_envs=2, num_steps=16, num_minibatches=2, update_epochs=1,
-        total_timesteps=64, eval_episodes=2, cuda=False,
+        env_id="StepCountTruncatedAfter4-v0",
+        num_envs=2,
+        num_steps=16,
+        num_minibatches=2,
+        update_epochs=1,
+        total_timesteps=64,
+        eval_episodes=2,
+        cuda=False,
     )
     return pca.Args(**{**fields, **overrides})
 
@@ -67,15 +83,6 @@ def test_gae_matches_the_textbook_definition():
 
 def test_ppo_loss_matches_the_clipped_objective_of_the_paper():
     assert_ppo_loss_matches_reference(pca.ppo_loss, pca.Args())
-
-
-def test_only_truncated_but_not_terminated_steps_get_the_bootstrap():
-    rewards = torch.tensor([1.0, 1.0, 1.0, 1.0])
-    terminations = torch.tensor([False, True, False, True])
-    truncations = torch.tensor([False, False, True, True])
-    final_values = torch.tensor([5.0, 6.0, 7.0, 8.0])
-    corrected = pca.bootstrap_truncated(rewards, terminations, truncations, final_values, 0.9)
-    torch.testing.assert_close(corrected, torch.tensor([1.0, 1.0, 1.0 + 0.9 * 7.0, 1.0]))
 
 
 def test_running_mean_std_equals_the_statistics_of_all_samples_seen():
@@ -202,7 +209,7 @@ def test_saved_observation_statistics_are_those_of_every_observation_the_policy_
     monkeypatch.chdir(tmp_path)
     pca.main(small_args(save_model=True))
     (model_path,) = glob.glob(str(tmp_path / "runs" / "*" / "*.cleanrl_model"))
-    _, obs_rms, saved_args = pca.load_model(model_path, torch.device("cpu"))
+    _, obs_rms, saved_args = pca.load_policy(model_path, torch.device("cpu"))
 
     acted_on = np.array([[t % TRUNCATION_LENGTH, 1.0] for t in range(33)] * 2)
     assert obs_rms.count == len(acted_on) == 66
@@ -218,13 +225,15 @@ def test_evaluation_applies_the_saved_observation_statistics_frozen(tmp_path, mo
     obs_rms.mean, obs_rms.var, obs_rms.count = rng.normal(0, 0.5, 11), rng.uniform(0.5, 3.0, 11), 1234
     saved_mean, saved_var = obs_rms.mean.copy(), obs_rms.var.copy()
     path = str(tmp_path / "agent.cleanrl_model")
-    pca.save_model(path, agent, obs_rms, pca.Args(env_id="Hopper-v5"))
-    loaded_agent, loaded_rms, _ = pca.load_model(path, torch.device("cpu"))
+    pca.save_policy(path, agent, obs_rms, pca.Args(env_id="Hopper-v5"))
+    loaded_agent, loaded_rms, _ = pca.load_policy(path, torch.device("cpu"))
 
     network_inputs = []
-    loaded_agent.actor_mean.register_forward_hook(lambda module, inputs, output: network_inputs.append(inputs[0].clone()))
+    loaded_agent.actor_mean.register_forward_hook(
+        lambda module, inputs, output: network_inputs.append(inputs[0].clone())
+    )
     made = recording_make_envs(pca, monkeypatch, observations=True)
-    returns = pca.evaluate(loaded_agent, loaded_rms, "Hopper-v5", 2, torch.device("cpu"), seed=0)
+    returns = pca.evaluate_policy(loaded_agent, loaded_rms, "Hopper-v5", 2, torch.device("cpu"), seed=0)
 
     assert len(returns) == 2
     (envs,) = made
@@ -243,8 +252,8 @@ def test_loaded_model_equals_saved_model(tmp_path):
     agent, obs_rms = pca.Agent(11, 3), pca.RunningMeanStd((11,))
     obs_rms.update(np.random.default_rng(0).normal(size=(9, 11)))
     path = str(tmp_path / "agent.cleanrl_model")
-    pca.save_model(path, agent, obs_rms, pca.Args(env_id="Hopper-v5"))
-    loaded, loaded_rms, saved_args = pca.load_model(path, torch.device("cpu"))
+    pca.save_policy(path, agent, obs_rms, pca.Args(env_id="Hopper-v5"))
+    loaded, loaded_rms, saved_args = pca.load_policy(path, torch.device("cpu"))
     obs = torch.randn(5, 11)
     torch.testing.assert_close(loaded.actor_mean(obs), agent.actor_mean(obs), rtol=0, atol=0)
     torch.testing.assert_close(loaded.get_value(obs), agent.get_value(obs), rtol=0, atol=0)
@@ -258,8 +267,16 @@ def test_save_then_evaluate_round_trip_reproduces_the_evaluation(tmp_path):
     # The mean action and the same seed make evaluation deterministic: the saved model, with its
     # observation statistics, must play the very same episodes as the model that was trained.
     training = run_script(
-        SCRIPT, *SHORT_RUN, "--total-timesteps", "512", "--save-model", "--eval-episodes", "1",
-        "--progress-interval", "1e9", cwd=tmp_path,
+        SCRIPT,
+        *SHORT_RUN,
+        "--total-timesteps",
+        "512",
+        "--save-model",
+        "--eval-episodes",
+        "1",
+        "--progress-interval",
+        "1e9",
+        cwd=tmp_path,
     )
     assert training.returncode == 0, training.stderr
     (model_path,) = glob.glob(str(tmp_path / "runs" / "*" / "ppo_continuous_action.cleanrl_model"))
@@ -321,8 +338,19 @@ def tracked_run(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("tracked_run")
     video = [] if mujoco_offscreen_rendering_error() else ["--capture-video"]
     result = run_script(
-        SCRIPT, "--env-id", "InvertedPendulum-v5", "--num-steps", "64", "--num-minibatches", "2",
-        "--total-timesteps", "128", "--track", *video, cwd=cwd, env={"WANDB_DIR": str(cwd)},
+        SCRIPT,
+        "--env-id",
+        "InvertedPendulum-v5",
+        "--num-steps",
+        "64",
+        "--num-minibatches",
+        "2",
+        "--total-timesteps",
+        "128",
+        "--track",
+        *video,
+        cwd=cwd,
+        env={"WANDB_DIR": str(cwd)},
     )
     assert result.returncode == 0, result.stderr
     return cwd
@@ -357,14 +385,22 @@ def test_bad_input_from_the_command_line_is_a_one_line_error_without_traceback(t
         (dict(env_id="NoSuchEnv-v0"), "NoSuchEnv-v0"),
         (dict(env_id="CartPole-v1"), "continuous (Box)"),
         (dict(num_minibatches=3), "not divisible"),
-        (dict(total_timesteps=100), "less than one batch"),
+        (dict(total_timesteps=100), "smaller than one batch"),
         (dict(num_steps=4, num_minibatches=4), "cannot normalize advantages"),
         (dict(update_epochs=0), "must be positive"),
         (dict(eval_episodes=0), "must be positive"),
         (dict(eval_checkpoint="missing.cleanrl_model"), "does not exist"),
     ],
-    ids=["unknown-env-id", "discrete-actions", "not-divisible", "below-one-batch", "minibatch-of-1",
-         "no-epochs", "no-eval-episodes", "missing-checkpoint"],
+    ids=[
+        "unknown-env-id",
+        "discrete-actions",
+        "not-divisible",
+        "below-one-batch",
+        "minibatch-of-1",
+        "no-epochs",
+        "no-eval-episodes",
+        "missing-checkpoint",
+    ],
 )
 def test_bad_input_is_a_one_line_error(tmp_path, monkeypatch, overrides, fragment):
     monkeypatch.chdir(tmp_path)
