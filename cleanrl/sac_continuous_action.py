@@ -275,13 +275,10 @@ def main(args: Args):
             batch = {k: torch.from_numpy(v).to(device) for k, v in rb.sample(args.batch_size, sample_rng).items()}
             with torch.no_grad():
                 next_actions, next_log_pi, _ = actor.get_action(batch["next_obs"])
-                next_q1, next_q2 = (
-                    qf1_target(batch["next_obs"], next_actions),
-                    qf2_target(batch["next_obs"], next_actions),
-                )
-                target = soft_td_target(
-                    batch["rewards"], batch["terminations"], next_q1, next_q2, next_log_pi, alpha, args.gamma
-                )
+                next_q1 = qf1_target(batch["next_obs"], next_actions)
+                next_q2 = qf2_target(batch["next_obs"], next_actions)
+                rewards, terminations = batch["rewards"], batch["terminations"]
+                target = soft_td_target(rewards, terminations, next_q1, next_q2, next_log_pi, alpha, args.gamma)
             qf1_values = qf1(batch["obs"], batch["actions"])
             qf2_values = qf2(batch["obs"], batch["actions"])
             qf1_loss = F.mse_loss(qf1_values, target)
@@ -293,10 +290,8 @@ def main(args: Args):
             num_q_updates += 1
 
             if global_step % args.policy_frequency == 0:
-                # Delayed (TD3-style) but not fewer: policy_frequency updates in a row, so the
-                # policy gets as many gradient steps as the critics.
-                # The critics are frozen meanwhile: the actor loss needs gradients through them,
-                # not of their weights.
+                # Delayed (TD3-style) but not fewer: policy_frequency updates in a row, as many as the critics'.
+                # The critics are frozen meanwhile: the actor loss needs gradients through them, not of them.
                 qf1.requires_grad_(False)
                 qf2.requires_grad_(False)
                 for _ in range(args.policy_frequency):
