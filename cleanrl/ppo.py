@@ -92,22 +92,14 @@ class Args:
 # ---------------------------------------------------------------------------------------------
 # Environment
 # ---------------------------------------------------------------------------------------------
-def make_envs(env_id: str, num_envs: int, video_folder: str | None = None) -> gym.vector.SyncVectorEnv:
-    def make_env(index: int):
-        def thunk():
-            if video_folder is not None and index == 0:
-                # RecordVideo's default trigger is the capped cubic schedule: episodes 0, 1, 8, 27, ...
-                return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), video_folder)
-            return gym.make(env_id)
-
-        return thunk
-
+def make_envs(env_id: str, num_envs: int, video_folder: str | None = None) -> gym.vector.VectorEnv:
+    thunks = [lambda: gym.make(env_id)] * num_envs
+    if video_folder is not None:  # env 0's episodes 0, 1, 8, 27, ..., then every 1000th (RecordVideo's default)
+        thunks[0] = lambda: gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), video_folder)
     # SAME_STEP: the step that ends an episode already returns the next one's first observation. gymnasium
     # 1.x defaults to NEXT_STEP, which inserts a fake transition (reward 0, action ignored) after each end.
-    envs = gym.vector.SyncVectorEnv(
-        [make_env(i) for i in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
-    )
-    return gym.wrappers.vector.RecordEpisodeStatistics(envs)  # infos["episode"]: return and length of ended episodes
+    envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    return gym.wrappers.vector.RecordEpisodeStatistics(envs)  # infos["episode"]: returns and lengths
 
 
 # ---------------------------------------------------------------------------------------------

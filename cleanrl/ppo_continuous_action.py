@@ -104,25 +104,14 @@ OBS_CLIP, REWARD_CLIP, EPS = 10.0, 10.0, 1e-8
 # Environment
 # ---------------------------------------------------------------------------------------------
 def make_envs(env_id: str, num_envs: int, video_folder: str | None = None) -> gym.vector.VectorEnv:
-    if video_folder is not None and not os.environ.get("DISPLAY"):
-        os.environ.setdefault("MUJOCO_GL", "egl")  # MuJoCo's default, GLFW, needs a display; EGL renders offscreen
-
-    def make_env(index: int):
-        def thunk():
-            if video_folder is not None and index == 0:
-                # RecordVideo's default trigger is the capped cubic schedule: episodes 0, 1, 8, 27, ...
-                return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), video_folder)
-            return gym.make(env_id)
-
-        return thunk
-
+    thunks = [lambda: gym.make(env_id)] * num_envs
+    if video_folder is not None:  # env 0's episodes 0, 1, 8, 27, ..., then every 1000th (RecordVideo's default)
+        os.environ.setdefault("MUJOCO_GL", "egl")  # renders offscreen: MuJoCo's default, GLFW, needs a display
+        thunks[0] = lambda: gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), video_folder)
     # SAME_STEP: the step that ends an episode already returns the next one's first observation. gymnasium
     # 1.x defaults to NEXT_STEP, which inserts a fake transition (reward 0, action ignored) after each end.
-    # infos["episode"]: the raw return and length of the episodes that ended
-    envs = gym.vector.SyncVectorEnv(
-        [make_env(i) for i in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
-    )
-    return gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    return gym.wrappers.vector.RecordEpisodeStatistics(envs)  # infos["episode"]: raw returns and lengths
 
 
 class RunningMeanStd:
@@ -182,23 +171,17 @@ def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
     return (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum(-1)
 
 
+def tanh_mlp(in_dim: int, out_dim: int, out_std: float) -> nn.Sequential:
+    """Two hidden layers of 64 tanh units, orthogonal initialization; the output layer's gain is out_std."""
+    hidden = [layer_init(nn.Linear(in_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh()]
+    return nn.Sequential(*hidden, layer_init(nn.Linear(64, out_dim), std=out_std))
+
+
 class Agent(nn.Module):
     def __init__(self, obs_dim: int, action_dim: int):
         super().__init__()
-        self.critic = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 1), std=1.0),
-        )
-        self.actor_mean = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, action_dim), std=0.01),
-        )
+        self.critic = tanh_mlp(obs_dim, 1, out_std=1.0)
+        self.actor_mean = tanh_mlp(obs_dim, action_dim, out_std=0.01)
         # state-independent: one log-std per action dim, learned, starting at std 1
         self.actor_logstd = nn.Parameter(torch.zeros(1, action_dim))
 
@@ -286,7 +269,13 @@ def main(args: Args):
             upload_videos(run_name)
         return
     run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    envs, first_obs = make_checked_envs(args, f"videos/{run_name}" if args.capture_video else None)
+    try:
+        envs = make_envs(args.env_id, args.num_envs, f"videos/{run_name}" if args.capture_video else None)
+    except gym.error.Error as e:
+        fail(f"cannot make environment {args.env_id!r}: {e}")
+    if not isinstance(envs.single_action_space, gym.spaces.Box) or len(envs.single_observation_space.shape) != 1:
+        fail(f"{args.env_id} has actions {envs.single_action_space}; this script needs continuous (Box) ones")
+    first_obs, _ = envs.reset(seed=args.seed)
     writer = start_logging(args, run_name, None)
 
     obs_dim, action_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
@@ -295,14 +284,10 @@ def main(args: Args):
     # fused: one kernel for all parameters, not a dozen small ops per tensor (4-5x faster steps on CPU)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
-    # Rollout storage in NumPy on the host (a fraction of torch's per-store overhead); the batch goes to the
-    # device once per iteration. Observations as the policy saw them, normalized.
-    obs = np.zeros((args.num_steps, args.num_envs, obs_dim), dtype=np.float32)
-    actions = np.zeros((args.num_steps, args.num_envs, action_dim), dtype=np.float32)
-    logprobs = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    values = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    # Rollout storage in NumPy on the host (less per-store overhead than torch), on the device once per iteration
+    shape = (args.num_steps, args.num_envs)
+    obs, actions = np.zeros((*shape, obs_dim), np.float32), np.zeros((*shape, action_dim), np.float32)
+    logprobs, rewards, dones, values = (np.zeros(shape, np.float32) for _ in range(4))
 
     # The statistics are those of the observations the policy acts on (reset ones included), updated as they
     # arrive; an episode's final observation, on which no action is taken, is normalized but not counted.
@@ -429,23 +414,6 @@ def check_args(args: Args):
         fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch ({args.batch_size} steps)")
 
 
-def make_checked_envs(args: Args, video_folder: str | None) -> tuple[gym.vector.VectorEnv, np.ndarray]:
-    """make_envs and its first reset, with a one-line error for an env this script cannot train on."""
-    try:  # with --capture-video the first reset renders: a missing OpenGL shows up here
-        envs = make_envs(args.env_id, args.num_envs, video_folder)
-        first_obs, _ = envs.reset(seed=args.seed)
-    except Exception as e:
-        if not isinstance(e, gym.error.Error) and video_folder is None:
-            raise
-        fail(f"cannot make or render {args.env_id!r} ({type(e).__name__}: {e}); headless videos need EGL (libegl1)")
-    actions, observations = envs.single_action_space, envs.single_observation_space
-    if not isinstance(actions, gym.spaces.Box) or len(observations.shape) != 1:
-        fail(
-            f"{args.env_id} has {actions} actions, {observations} observations; this script needs continuous (Box) ones"
-        )
-    return envs, first_obs
-
-
 def start_logging(args: Args, run_name: str, checkpoint: dict | None) -> SummaryWriter:
     """TensorBoard events in runs/{run_name}, and wandb under --track. A resumed run goes on in its own
     directory and wandb run, and hides what its interrupted attempt logged after the checkpoint."""
@@ -503,9 +471,8 @@ def load_policy(path: str, device) -> tuple[Agent, RunningMeanStd, dict]:
         payload = torch.load(path, map_location="cpu", weights_only=True)
         agent = Agent(payload["obs_dim"], payload["action_dim"]).to(device)
         agent.load_state_dict(payload["model"])
-        obs_rms = RunningMeanStd((payload["obs_dim"],))
-        obs_rms.mean, obs_rms.var = payload["obs_rms"]["mean"].numpy(), payload["obs_rms"]["var"].numpy()
-        obs_rms.count, saved_args = int(payload["obs_rms"]["count"]), dict(payload["args"])
+        obs_rms, saved_args = RunningMeanStd(), dict(payload["args"])
+        obs_rms.__dict__.update({name: value.numpy() for name, value in payload["obs_rms"].items()})
         saved_args["env_id"]  # a checkpoint without it is foreign (KeyError)
     except Exception as e:  # any unreadable or foreign file is the same user error
         fail(f"checkpoint {path!r} is not a readable {os.path.basename(__file__)} model ({type(e).__name__})")
