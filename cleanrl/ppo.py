@@ -307,9 +307,7 @@ def main(args: Args):
 
     progress.close()
     envs.close()  # also finishes the last video
-    writer.close()
-    if args.track and args.capture_video:
-        upload_videos(run_name)
+    finish_logging(args, writer, run_name)
     recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
     print(
         f"finished {args.num_iterations} iterations, {global_step} steps, {sps} SPS, "
@@ -379,13 +377,16 @@ class Progress:
             print(file=sys.stderr)
 
 
-def upload_videos(run_name: str):
-    """Uploads the training and evaluation videos to wandb, by hand: its monitor_gym breaks on gymnasium 1.x."""
-    import wandb
+def finish_logging(args: Args, writer: SummaryWriter, run_name: str):
+    """Closes the run's TensorBoard events; under --track, uploads its videos (training and evaluation) to
+    wandb, by hand: wandb's monitor_gym breaks on gymnasium 1.x's RecordVideo."""
+    writer.close()
+    if args.track and args.capture_video:
+        import wandb
 
-    for folder in (f"videos/{run_name}", f"videos/{run_name}-eval"):
-        if os.path.isdir(folder):
-            wandb.save(f"{folder}/*.mp4", policy="now")
+        for folder in (f"videos/{run_name}", f"videos/{run_name}-eval"):
+            if os.path.isdir(folder):
+                wandb.save(f"{folder}/*.mp4", policy="now")
 
 
 if __name__ == "__main__":

@@ -264,10 +264,7 @@ def main(args: Args):
         run_name = f"{saved_args['env_id'].replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
         writer = start_logging(args, run_name, None)
         run_policy_evaluation(args, saved_args["env_id"], agent, obs_rms, device, writer, run_name)
-        writer.close()
-        if args.track and args.capture_video:
-            upload_videos(run_name)
-        return
+        return finish_logging(args, writer, run_name)
     run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     try:
         envs = make_envs(args.env_id, args.num_envs, f"videos/{run_name}" if args.capture_video else None)
@@ -388,9 +385,7 @@ def main(args: Args):
         save_policy(model_path, agent, obs_rms, args)
         print(f"model saved to {model_path}")
         run_policy_evaluation(args, args.env_id, agent, obs_rms, device, writer, run_name)
-    writer.close()
-    if args.track and args.capture_video:
-        upload_videos(run_name)
+    finish_logging(args, writer, run_name)
 
 
 # =============================================================================================
@@ -505,13 +500,16 @@ def run_policy_evaluation(args: Args, env_id: str, agent, obs_rms, device, write
     print(f"eval: mean return {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} episodes")
 
 
-def upload_videos(run_name: str):
-    """Uploads the training and evaluation videos to wandb, by hand: its monitor_gym breaks on gymnasium 1.x."""
-    import wandb
+def finish_logging(args: Args, writer: SummaryWriter, run_name: str):
+    """Closes the run's TensorBoard events; under --track, uploads its videos (training and evaluation) to
+    wandb, by hand: wandb's monitor_gym breaks on gymnasium 1.x's RecordVideo."""
+    writer.close()
+    if args.track and args.capture_video:
+        import wandb
 
-    for folder in (f"videos/{run_name}", f"videos/{run_name}-eval"):
-        if os.path.isdir(folder):
-            wandb.save(f"{folder}/*.mp4", policy="now")
+        for folder in (f"videos/{run_name}", f"videos/{run_name}-eval"):
+            if os.path.isdir(folder):
+                wandb.save(f"{folder}/*.mp4", policy="now")
 
 
 if __name__ == "__main__":

@@ -96,20 +96,17 @@ def make_env(env_id: str, video_folder: str | None = None) -> gym.Env:
     """One environment, stepped directly: the transition stored is exactly what `step` returned (its next
     observation is the real final one when the episode ends), and the reset is explicit."""
     if video_folder is None:
-        return gym.wrappers.RecordEpisodeStatistics(gym.make(env_id))  # info["episode"] at an episode's end
-    if not os.environ.get("DISPLAY"):
-        os.environ.setdefault("MUJOCO_GL", "egl")  # MuJoCo's default, GLFW, needs a display; EGL renders offscreen
-    # RecordVideo's default trigger is the capped cubic schedule: episodes 0, 1, 8, 27, ...
-    env = gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), video_folder)
-    return gym.wrappers.RecordEpisodeStatistics(env)
+        env = gym.make(env_id)
+    else:  # episodes 0, 1, 8, 27, ..., then every 1000th (RecordVideo's default)
+        os.environ.setdefault("MUJOCO_GL", "egl")  # renders offscreen: MuJoCo's default, GLFW, needs a display
+        env = gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), video_folder)
+    return gym.wrappers.RecordEpisodeStatistics(env)  # info["episode"] at an episode's end
 
 
 class ReplayBuffer:
-    """Transitions in preallocated arrays, the oldest overwritten first, sampled uniformly.
-
-    `terminations` is 1 only where the environment terminated the episode: a transition cut by a
-    time limit is stored with 0 and its real final observation, so its TD target bootstraps.
-    """
+    """Transitions in preallocated arrays, the oldest overwritten first, sampled uniformly. `terminations` is 1
+    only where the environment terminated the episode: a transition cut by a time limit is stored with 0 and
+    its real final observation, so its TD target bootstraps."""
 
     def __init__(self, capacity: int, obs_dim: int, action_dim: int):
         self.obs = np.zeros((capacity, obs_dim), dtype=np.float32)
@@ -148,12 +145,9 @@ class SoftQNetwork(nn.Module):
 
 
 def squashed_gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor, action_scale: torch.Tensor):
-    """log-density of action = tanh(x) * action_scale + action_bias, x ~ N(mean, exp(log_std)^2),
-    summed over the action dims: the Gaussian's log-density minus log |d action / d x|.
-
-    log(1 - tanh(x)^2) is written as 2 * (log 2 - x - softplus(-2x)), exact and finite even where
-    tanh(x) rounds to +-1 (the usual `+ 1e-6` inside the log biases it instead).
-    """
+    """log-density of action = tanh(x) * action_scale + action_bias, x ~ N(mean, exp(log_std)^2), summed over
+    the action dims: the Gaussian's log-density minus log |d action / d x|. log(1 - tanh(x)^2) is written as
+    2 * (log 2 - x - softplus(-2x)), exact and finite even where tanh(x) rounds to +-1 (unlike `+ 1e-6`)."""
     gaussian = -0.5 * ((x - mean) * torch.exp(-log_std)) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
     log_det = torch.log(action_scale) + 2.0 * (math.log(2.0) - x - F.softplus(-2.0 * x))
     return (gaussian - log_det).sum(-1)
@@ -190,11 +184,8 @@ class Actor(nn.Module):
 # The math: small pure functions, tested alone
 # ---------------------------------------------------------------------------------------------
 def soft_td_target(rewards, terminations, next_q1, next_q2, next_log_pi, alpha: float, gamma: float):
-    """r + gamma * (1 - terminated) * (min(Q1', Q2')(s', a') - alpha * log pi(a'|s')), a' ~ pi(s').
-
-    All (batch,). Only a termination stops the bootstrap: a transition cut by a time limit carries
-    terminated = 0, and s' is its real final observation.
-    """
+    """r + gamma * (1 - terminated) * (min(Q1', Q2')(s', a') - alpha * log pi(a'|s')), a' ~ pi(s'), all (batch,).
+    Only a termination stops the bootstrap: a transition cut by a time limit carries terminated = 0."""
     soft_next_value = torch.min(next_q1, next_q2) - alpha * next_log_pi
     return rewards + gamma * (1.0 - terminations) * soft_next_value
 
@@ -221,12 +212,18 @@ def main(args: Args):
         run_name = f"{saved_args['env_id'].replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
         writer = start_logging(args, run_name, None)
         run_policy_evaluation(args, saved_args["env_id"], actor, device, writer, run_name)
-        writer.close()
-        if args.track and args.capture_video:
-            upload_videos(run_name)
-        return
+        return finish_logging(args, writer, run_name)
     run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    env, obs = make_checked_env(args, f"videos/{run_name}" if args.capture_video else None)
+    try:
+        env = make_env(args.env_id, f"videos/{run_name}" if args.capture_video else None)
+    except gym.error.Error as e:
+        fail(f"cannot make environment {args.env_id!r}: {e}")
+    if not isinstance(env.action_space, gym.spaces.Box) or len(env.observation_space.shape) != 1:
+        fail(f"{args.env_id} has actions {env.action_space}; this script needs continuous (Box) ones")
+    if not np.all(np.isfinite(env.action_space.low) & np.isfinite(env.action_space.high)):
+        fail(f"{args.env_id} has unbounded actions {env.action_space}; the tanh policy needs finite bounds")
+    obs, _ = env.reset(seed=args.seed)
+    env.action_space.seed(args.seed)
     writer = start_logging(args, run_name, None)
 
     obs_dim, action_dim = env.observation_space.shape[0], env.action_space.shape[0]
@@ -346,9 +343,7 @@ def main(args: Args):
         save_policy(model_path, actor, qf1, qf2, args)
         print(f"model saved to {model_path}")
         run_policy_evaluation(args, args.env_id, actor, device, writer, run_name)
-    writer.close()
-    if args.track and args.capture_video:
-        upload_videos(run_name)
+    finish_logging(args, writer, run_name)
 
 
 # =============================================================================================
@@ -372,26 +367,6 @@ def check_args(args: Args):
         fail(f"--learning-starts {args.learning_starts} leaves no step to learn: raise --total-timesteps")
     if not 0.0 < args.tau <= 1.0:
         fail(f"--tau {args.tau} must be in (0, 1]")
-
-
-def make_checked_env(args: Args, video_folder: str | None) -> tuple[gym.Env, np.ndarray]:
-    """make_env and its first reset, with a one-line error for an env this script cannot train on."""
-    try:  # with --capture-video the first reset renders: a missing OpenGL shows up here
-        env = make_env(args.env_id, video_folder)
-        obs, _ = env.reset(seed=args.seed)
-    except Exception as e:
-        if not isinstance(e, gym.error.Error) and video_folder is None:
-            raise
-        fail(f"cannot make or render {args.env_id!r} ({type(e).__name__}: {e}); headless videos need EGL (libegl1)")
-    actions, observations = env.action_space, env.observation_space
-    if not isinstance(actions, gym.spaces.Box) or len(observations.shape) != 1:
-        fail(
-            f"{args.env_id} has {actions} actions, {observations} observations; this script needs continuous (Box) ones"
-        )
-    if not np.all(np.isfinite(actions.low) & np.isfinite(actions.high)):
-        fail(f"{args.env_id} has unbounded actions {actions}; the tanh policy needs finite bounds")
-    env.action_space.seed(args.seed)
-    return env, obs
 
 
 def start_logging(args: Args, run_name: str, checkpoint: dict | None) -> SummaryWriter:
@@ -482,13 +457,16 @@ def run_policy_evaluation(args: Args, env_id: str, actor: Actor, device, writer:
     print(f"eval: mean return {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} episodes")
 
 
-def upload_videos(run_name: str):
-    """Uploads the training and evaluation videos to wandb, by hand: its monitor_gym breaks on gymnasium 1.x."""
-    import wandb
+def finish_logging(args: Args, writer: SummaryWriter, run_name: str):
+    """Closes the run's TensorBoard events; under --track, uploads its videos (training and evaluation) to
+    wandb, by hand: wandb's monitor_gym breaks on gymnasium 1.x's RecordVideo."""
+    writer.close()
+    if args.track and args.capture_video:
+        import wandb
 
-    for folder in (f"videos/{run_name}", f"videos/{run_name}-eval"):
-        if os.path.isdir(folder):
-            wandb.save(f"{folder}/*.mp4", policy="now")
+        for folder in (f"videos/{run_name}", f"videos/{run_name}-eval"):
+            if os.path.isdir(folder):
+                wandb.save(f"{folder}/*.mp4", policy="now")
 
 
 if __name__ == "__main__":

@@ -15,13 +15,13 @@ MARK = "# this script"
 # Which scripts carry which block. A script that gains a block joins its list.
 ATARI_TORCH = ["ppo_atari.py"]
 WITH_CHECKPOINTS = ["ppo_atari.py"]
-# gymnasium's RecordVideo records their videos; wandb gets the files at the end.
+# gymnasium's RecordVideo records their videos; finish_logging hands the files to wandb.
 SMALL_SCRIPTS = ["ppo.py", "ppo_continuous_action.py", "sac_continuous_action.py"]
 BLOCKS = {
     "fail": ["ppo_atari.py", *SMALL_SCRIPTS],
     "start_logging": ["ppo_atari.py", *SMALL_SCRIPTS],
     "Progress": ["ppo_atari.py", *SMALL_SCRIPTS],
-    "upload_videos": SMALL_SCRIPTS,
+    "finish_logging": SMALL_SCRIPTS,
     "warn_if_bf16_is_slow": ATARI_TORCH,
     "capped_cubic": ATARI_TORCH,
     "VideoRecorder": ATARI_TORCH,
