@@ -95,8 +95,7 @@ class Args:
     """the number of rollout-and-update iterations, total_timesteps // batch_size (computed at run time)"""
 
 
-# Normalized observations and scaled rewards are clipped to [-10, 10]; EPS keeps the division finite
-# while a variance is still 0 (a single sample, a constant observation).
+# Normalized observations and scaled rewards are clipped to [-10, 10]; EPS keeps a division by a 0 variance finite.
 OBS_CLIP, REWARD_CLIP, EPS = 10.0, 10.0, 1e-8
 
 
@@ -182,8 +181,7 @@ class Agent(nn.Module):
         super().__init__()
         self.critic = tanh_mlp(obs_dim, 1, out_std=1.0)
         self.actor_mean = tanh_mlp(obs_dim, action_dim, out_std=0.01)
-        # state-independent: one log-std per action dim, learned, starting at std 1
-        self.actor_logstd = nn.Parameter(torch.zeros(1, action_dim))
+        self.actor_logstd = nn.Parameter(torch.zeros(1, action_dim))  # state-independent, learned, starts at std 1
 
     def get_value(self, x: torch.Tensor) -> torch.Tensor:
         return self.critic(x)

@@ -83,8 +83,7 @@ class Args:
     """if toggled, tune the entropy coefficient towards a policy entropy of -|A|"""
 
 
-# The policy's log-std is squashed into this range: narrow enough to keep exp() and the log-probabilities
-# finite, wide enough not to constrain a learned policy.
+# The policy's log-std range: narrow enough to keep exp() and log-probabilities finite, wide enough not to bind.
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 LOG_EVERY = 100  # the losses, Q values and SPS are logged every this many steps
 
@@ -247,8 +246,7 @@ def main(args: Args):
     sample_rng = np.random.default_rng(args.seed)
     recent_returns = deque(maxlen=20)
     progress = Progress(args.total_timesteps, args.progress_interval)
-    num_q_updates = num_actor_updates = 0
-    start_time = time.time()
+    num_q_updates, num_actor_updates, start_time = 0, 0, time.time()
 
     for global_step in range(1, args.total_timesteps + 1):
         if global_step <= args.learning_starts:
