@@ -144,8 +144,9 @@ def test_every_episode_is_logged_once_with_its_return_and_length_at_its_own_step
         (["--env-id", "NoSuchEnv-v0"], "NoSuchEnv-v0"),
         (["--num-minibatches", "3"], "num_minibatches"),
         (["--total-timesteps", "100"], "smaller than one batch"),
+        (["--num-envs", "0"], "must be positive"),
     ],
-    ids=["unknown-env-id", "batch-not-divisible", "budget-below-one-batch"],
+    ids=["unknown-env-id", "batch-not-divisible", "budget-below-one-batch", "no-envs"],
 )
 def test_bad_input_exits_with_a_one_line_error(tmp_path, args, fragment):
     assert_user_error(run_script("ppo.py", *args, cwd=tmp_path, timeout=120), fragment)
