@@ -261,7 +261,7 @@ def main(args: Args):
         agent, obs_rms, saved_args = load_policy(args.eval_checkpoint, device)  # a bad file fails before any output
         run_name = f"{saved_args['env_id'].replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
         writer = start_logging(args, run_name, None)
-        run_policy_evaluation(args, saved_args["env_id"], agent, obs_rms, device, writer, run_name)
+        evaluate_policy(args, saved_args["env_id"], agent, obs_rms, device, writer, run_name)
         return finish_logging(args, writer, run_name)
     run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     try:
@@ -382,7 +382,7 @@ def main(args: Args):
         model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
         save_policy(model_path, agent, obs_rms, args)
         print(f"model saved to {model_path}")
-        run_policy_evaluation(args, args.env_id, agent, obs_rms, device, writer, run_name)
+        evaluate_policy(args, args.env_id, agent, obs_rms, device, writer, run_name)
     finish_logging(args, writer, run_name)
 
 
@@ -472,30 +472,23 @@ def load_policy(path: str, device) -> tuple[Agent, RunningMeanStd, dict]:
     return agent, obs_rms, saved_args
 
 
-def evaluate_policy(
-    agent: Agent, obs_rms: RunningMeanStd, env_id: str, episodes: int, device, seed=0, video_folder=None
-):
-    """Plays `episodes` whole episodes with the mean action of the policy; returns their raw returns. The
-    observation statistics stay frozen: evaluation must see the inputs the network was trained on."""
-    envs = make_envs(env_id, 1, video_folder)
-    low, high, returns = envs.single_action_space.low, envs.single_action_space.high, []
-    obs, _ = envs.reset(seed=seed)
-    while len(returns) < episodes:
+def evaluate_policy(args: Args, env_id: str, agent: Agent, obs_rms: RunningMeanStd, device, writer, run_name: str):
+    """Plays --eval-episodes whole episodes with the mean action of the policy; prints and logs their raw returns.
+    The observation statistics stay frozen: evaluation must see the inputs the network was trained on."""
+    envs, returns = make_envs(env_id, 1, f"videos/{run_name}-eval" if args.capture_video else None), []
+    low, high = envs.single_action_space.low, envs.single_action_space.high
+    obs, _ = envs.reset(seed=args.seed)
+    while len(returns) < args.eval_episodes:
         with torch.no_grad():
             mean_action = agent.actor_mean(torch.from_numpy(normalize_obs(obs, obs_rms.mean, obs_rms.var)).to(device))
         obs, _, _, _, infos = envs.step(np.clip(mean_action.cpu().numpy(), low, high))
-        returns += [float(infos["episode"]["r"][0])] if "episode" in infos else []
+        if "episode" in infos:
+            returns.append(float(infos["episode"]["r"][0]))
+            print(f"eval_episode={len(returns) - 1}, episodic_return={returns[-1]}")
+            writer.add_scalar("eval/episodic_return", returns[-1], len(returns) - 1)
     envs.close()
-    return returns
-
-
-def run_policy_evaluation(args: Args, env_id: str, agent, obs_rms, device, writer: SummaryWriter, run_name: str):
-    video_folder = f"videos/{run_name}-eval" if args.capture_video else None
-    returns = evaluate_policy(agent, obs_rms, env_id, args.eval_episodes, device, args.seed, video_folder)
-    for i, episodic_return in enumerate(returns):
-        print(f"eval_episode={i}, episodic_return={episodic_return}")
-        writer.add_scalar("eval/episodic_return", episodic_return, i)
     print(f"eval: mean return {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} episodes")
+    return returns
 
 
 def finish_logging(args: Args, writer: SummaryWriter, run_name: str):

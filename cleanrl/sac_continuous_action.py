@@ -210,7 +210,7 @@ def main(args: Args):
         actor, saved_args = load_policy(args.eval_checkpoint, device)  # a bad file fails before any output
         run_name = f"{saved_args['env_id'].replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
         writer = start_logging(args, run_name, None)
-        run_policy_evaluation(args, saved_args["env_id"], actor, device, writer, run_name)
+        evaluate_policy(args, saved_args["env_id"], actor, device, writer, run_name)
         return finish_logging(args, writer, run_name)
     run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     try:
@@ -340,7 +340,7 @@ def main(args: Args):
         model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
         save_policy(model_path, actor, qf1, qf2, args)
         print(f"model saved to {model_path}")
-        run_policy_evaluation(args, args.env_id, actor, device, writer, run_name)
+        evaluate_policy(args, args.env_id, actor, device, writer, run_name)
     finish_logging(args, writer, run_name)
 
 
@@ -431,28 +431,22 @@ def load_policy(path: str, device) -> tuple[Actor, dict]:
     return actor, saved_args
 
 
-def evaluate_policy(actor: Actor, env_id: str, episodes: int, device, seed: int = 0, video_folder=None) -> list[float]:
-    """Plays `episodes` whole episodes with the policy's mean action; returns their returns."""
-    env, returns = make_env(env_id, video_folder), []
-    obs, _ = env.reset(seed=seed)
-    while len(returns) < episodes:
+def evaluate_policy(args: Args, env_id: str, actor: Actor, device, writer: SummaryWriter, run_name: str) -> list:
+    """Plays --eval-episodes whole episodes with the policy's mean action; prints and logs their returns."""
+    env, returns = make_env(env_id, f"videos/{run_name}-eval" if args.capture_video else None), []
+    obs, _ = env.reset(seed=args.seed)
+    while len(returns) < args.eval_episodes:
         with torch.no_grad():
             _, _, mean_action = actor.get_action(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
         obs, _, terminated, truncated, info = env.step(mean_action[0].cpu().numpy())
         if terminated or truncated:
             returns.append(float(info["episode"]["r"]))
+            print(f"eval_episode={len(returns) - 1}, episodic_return={returns[-1]}")
+            writer.add_scalar("eval/episodic_return", returns[-1], len(returns) - 1)
             obs, _ = env.reset()
     env.close()
-    return returns
-
-
-def run_policy_evaluation(args: Args, env_id: str, actor: Actor, device, writer: SummaryWriter, run_name: str):
-    video_folder = f"videos/{run_name}-eval" if args.capture_video else None
-    returns = evaluate_policy(actor, env_id, args.eval_episodes, device, args.seed, video_folder)
-    for i, episodic_return in enumerate(returns):
-        print(f"eval_episode={i}, episodic_return={episodic_return}")
-        writer.add_scalar("eval/episodic_return", episodic_return, i)
     print(f"eval: mean return {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} episodes")
+    return returns
 
 
 def finish_logging(args: Args, writer: SummaryWriter, run_name: str):

@@ -8,6 +8,7 @@ import pytest
 import torch
 from common import (
     PPO_TAGS,
+    RecordingEnvs,
     assert_episodes_0_1_8_recorded_and_uploaded,
     assert_gae_matches_reference,
     assert_main_fails_with,
@@ -18,7 +19,6 @@ from common import (
     mujoco_offscreen_rendering_error,
     progress_steps,
     read_scalars,
-    recording_make_envs,
     run_dirs,
     run_script,
 )
@@ -218,33 +218,42 @@ def test_saved_observation_statistics_are_those_of_every_observation_the_policy_
     assert saved_args["env_id"] == "StepCountTruncatedAfter4-v0"
 
 
-def test_evaluation_applies_the_saved_observation_statistics_frozen(tmp_path, monkeypatch):
+class ActionRecordingEnvs(RecordingEnvs):
+    """RecordingEnvs that also keeps every action the env is given."""
+
+    def __init__(self, envs):
+        super().__init__(envs, observations=True)
+        self.actions = []
+
+    def step(self, actions):
+        self.actions.append(np.array(actions, copy=True))
+        return super().step(actions)
+
+
+def test_evaluation_plays_the_mean_action_on_the_saved_observation_statistics_frozen(tmp_path, monkeypatch):
+    # --eval-checkpoint through main: every action of the evaluation is the mean action of the saved network
+    # on the raw observation normalized with the saved statistics; any update of them during the
+    # evaluation would change the later actions.
+    monkeypatch.chdir(tmp_path)
     rng = np.random.default_rng(0)
     agent = pca.Agent(11, 3)  # Hopper-v5
     obs_rms = pca.RunningMeanStd((11,))
     obs_rms.mean, obs_rms.var, obs_rms.count = rng.normal(0, 0.5, 11), rng.uniform(0.5, 3.0, 11), 1234
-    saved_mean, saved_var = obs_rms.mean.copy(), obs_rms.var.copy()
-    path = str(tmp_path / "agent.cleanrl_model")
-    pca.save_policy(path, agent, obs_rms, pca.Args(env_id="Hopper-v5"))
-    loaded_agent, loaded_rms, _ = pca.load_policy(path, torch.device("cpu"))
-
-    network_inputs = []
-    loaded_agent.actor_mean.register_forward_hook(
-        lambda module, inputs, output: network_inputs.append(inputs[0].clone())
+    pca.save_policy("agent.cleanrl_model", agent, obs_rms, pca.Args(env_id="Hopper-v5"))
+    made, real_make_envs = [], pca.make_envs
+    monkeypatch.setattr(
+        pca, "make_envs", lambda *a, **k: made.append(ActionRecordingEnvs(real_make_envs(*a, **k))) or made[-1]
     )
-    made = recording_make_envs(pca, monkeypatch, observations=True)
-    returns = pca.evaluate_policy(loaded_agent, loaded_rms, "Hopper-v5", 2, torch.device("cpu"), seed=0)
+    pca.main(pca.Args(eval_checkpoint="agent.cleanrl_model", eval_episodes=2, cuda=False))
 
-    assert len(returns) == 2
+    assert len(read_scalars(run_dirs(tmp_path)[0])["eval/episodic_return"]) == 2
     (envs,) = made
-    raw = np.concatenate(envs.observations[: len(network_inputs)])
-    expected = np.clip((raw - saved_mean) / np.sqrt(saved_var + 1e-8), -10, 10)
-    assert np.abs(expected).max() < 10, "the statistics must matter, not the clipping"
-    np.testing.assert_allclose(torch.cat(network_inputs).numpy(), expected, rtol=1e-5, atol=1e-5)
-    # frozen: evaluation leaves the statistics as they were saved
-    np.testing.assert_array_equal(loaded_rms.mean, saved_mean)
-    np.testing.assert_array_equal(loaded_rms.var, saved_var)
-    assert loaded_rms.count == 1234
+    raw = np.concatenate(envs.observations[: len(envs.actions)])
+    normalized = np.clip((raw - obs_rms.mean) / np.sqrt(obs_rms.var + 1e-8), -10, 10)
+    assert np.abs(normalized).max() < 10, "the statistics must matter, not the clipping"
+    with torch.no_grad():
+        expected = agent.actor_mean(torch.tensor(normalized, dtype=torch.float32)).clamp(-1.0, 1.0)
+    np.testing.assert_allclose(np.concatenate(envs.actions), expected.numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_loaded_model_equals_saved_model(tmp_path):

@@ -270,25 +270,26 @@ class RecordingEnv(gym.Wrapper):
         return result
 
 
-def test_evaluation_plays_the_mean_action_of_the_loaded_actor(tmp_path, monkeypatch):
+def test_evaluation_plays_the_mean_action_of_the_saved_actor(tmp_path, monkeypatch):
+    # --eval-checkpoint through main: every action is tanh(mean(obs)) * scale + bias of the saved actor
+    monkeypatch.chdir(tmp_path)
     torch.manual_seed(0)
     env = gym.make("Hopper-v5")
     actor = sac.Actor(11, env.action_space.low, env.action_space.high)
-    path = str(tmp_path / "sac.cleanrl_model")
-    sac.save_policy(path, actor, sac.SoftQNetwork(11, 3), sac.SoftQNetwork(11, 3), sac.Args(env_id="Hopper-v5"))
-    loaded, saved_args = sac.load_policy(path, torch.device("cpu"))
-    assert saved_args["env_id"] == "Hopper-v5"
-
-    recorders = []
-    make_env = sac.make_env
+    sac.save_policy(
+        "sac.cleanrl_model", actor, sac.SoftQNetwork(11, 3), sac.SoftQNetwork(11, 3), sac.Args(env_id="Hopper-v5")
+    )
+    recorders, make_env = [], sac.make_env
     monkeypatch.setattr(
         sac, "make_env", lambda *a, **k: recorders.append(RecordingEnv(make_env(*a, **k))) or recorders[-1]
     )
-    returns = sac.evaluate_policy(loaded, "Hopper-v5", 2, torch.device("cpu"), seed=0)
-    (recorder,) = recorders
-    assert len(returns) == 2 and len(recorder.actions) > 10
+    sac.main(sac.Args(eval_checkpoint="sac.cleanrl_model", eval_episodes=2, cuda=False))
 
-    # every action is tanh(mean(obs)) * scale + bias of the saved actor, recomputed here
+    (run_dir,) = run_dirs(tmp_path)
+    assert "Hopper-v5" in os.path.basename(run_dir), "the evaluation runs under the saved model's env"
+    assert len(read_scalars(run_dir)["eval/episodic_return"]) == 2
+    (recorder,) = recorders
+    assert len(recorder.actions) > 10
     with torch.no_grad():
         hidden = actor.trunk(torch.as_tensor(np.array(recorder.observations), dtype=torch.float32))
         expected = torch.tanh(actor.fc_mean(hidden)) * actor.action_scale + actor.action_bias
