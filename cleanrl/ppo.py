@@ -1,10 +1,6 @@
-"""Proximal Policy Optimization (PPO) for classic-control environments with discrete actions.
-
-The reference single-file PPO: CartPole-v1 by default, a gymnasium `SyncVectorEnv` in SAME_STEP
-autoreset mode, separate actor and critic MLPs, GAE, and time-limit truncations bootstrapped from
-the critic instead of being treated as deaths. Logs to TensorBoard (and to W&B with `--track`).
-
-Run: `python cleanrl/ppo.py --env-id CartPole-v1 --seed 1`; `--help` lists every option.
+"""PPO for classic control with discrete actions (gymnasium), one file: CartPole-v1 by default, a
+`SyncVectorEnv` in SAME_STEP autoreset mode, separate actor and critic MLPs, GAE, and time-limit
+truncations bootstrapped from the critic instead of treated as deaths. Docs: docs/ppo.md
 """
 
 import os
@@ -20,7 +16,6 @@ import torch
 import torch.nn as nn
 import torch.optim as optim
 import tyro
-import wandb
 from torch.distributions.categorical import Categorical
 from torch.utils.tensorboard import SummaryWriter
 
@@ -94,44 +89,22 @@ class Args:
     """the number of rollout-and-update iterations, total_timesteps // batch_size (computed at run time)"""
 
 
-def make_envs(env_id: str, num_envs: int, capture_video: bool, run_name: str) -> gym.vector.SyncVectorEnv:
-    def make_env(index: int):
-        def thunk():
-            if capture_video and index == 0:
-                env = gym.make(env_id, render_mode="rgb_array")
-                env = gym.wrappers.RecordVideo(env, f"videos/{run_name}")
-            else:
-                env = gym.make(env_id)
-            return env
-
-        return thunk
-
-    # SAME_STEP: the step that ends an episode already returns the next episode's first
-    # observation, and the real last observation comes in infos["final_obs"] (where
-    # infos["_final_obs"] is True). gymnasium 1.x defaults to NEXT_STEP instead, which inserts a
-    # fake transition (reward 0, action ignored) after every episode end.
-    return gym.vector.SyncVectorEnv(
-        [make_env(i) for i in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
-    )
+# ---------------------------------------------------------------------------------------------
+# Environment
+# ---------------------------------------------------------------------------------------------
+def make_envs(env_id: str, num_envs: int, video_folder: str | None = None) -> gym.vector.VectorEnv:
+    thunks = [lambda: gym.make(env_id)] * num_envs
+    if video_folder is not None:  # env 0's episodes 0, 1, 8, 27, ..., then every 1000th (RecordVideo's default)
+        thunks[0] = lambda: gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), video_folder)
+    # SAME_STEP: the step that ends an episode already returns the next one's first observation. gymnasium
+    # 1.x defaults to NEXT_STEP, which inserts a fake transition (reward 0, action ignored) after each end.
+    envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    return gym.wrappers.vector.RecordEpisodeStatistics(envs)  # infos["episode"]: returns and lengths
 
 
-class EpisodeStatistics:
-    """Return and length of the running episode of each env, for logging."""
-
-    def __init__(self, num_envs: int):
-        self.returns = np.zeros(num_envs, dtype=np.float64)
-        self.lengths = np.zeros(num_envs, dtype=np.int64)
-
-    def update(self, rewards: np.ndarray, dones: np.ndarray) -> list[tuple[int, float, int]]:
-        """Count one step of every env; return (env index, return, length) of each episode that ended."""
-        self.returns += rewards
-        self.lengths += 1
-        finished = [(int(i), float(self.returns[i]), int(self.lengths[i])) for i in np.flatnonzero(dones)]
-        self.returns[dones] = 0.0
-        self.lengths[dones] = 0
-        return finished
-
-
+# ---------------------------------------------------------------------------------------------
+# Network
+# ---------------------------------------------------------------------------------------------
 def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -160,47 +133,19 @@ class Agent(nn.Module):
         return self.critic(x)
 
     def get_action_and_value(self, x: torch.Tensor, action: torch.Tensor | None = None):
-        logits = self.actor(x)
-        probs = Categorical(logits=logits)
+        probs = Categorical(logits=self.actor(x))
         if action is None:
             action = probs.sample()
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
 
 
-def bootstrap_truncated(
-    rewards: torch.Tensor,
-    terminations: torch.Tensor,
-    truncations: torch.Tensor,
-    final_values: torch.Tensor,
-    gamma: float,
-) -> torch.Tensor:
-    """Rewards of one vector step, (num_envs,), with gamma * V(final obs) added where an episode was
-    cut by a time limit (truncated but not terminated).
-
-    A time limit is not part of the task: the state it stops in still has a future, so its return
-    is estimated by the critic instead of taken as 0 (which would teach the agent that the states
-    near the limit are deadly). Folding the estimate into the reward lets GAE then treat every
-    episode end alike, as the end of the trajectory.
-    """
-    cut_by_time_limit = truncations & ~terminations
-    return rewards + gamma * final_values * cut_by_time_limit
-
-
-def compute_gae(
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    dones: torch.Tensor,
-    next_value: torch.Tensor,
-    gamma: float,
-    gae_lambda: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized advantage estimates and value targets of a rollout.
-
-    rewards, values, dones: (num_steps, num_envs); dones[t] is 1.0 where the transition of step t
-    ended the episode (its reward already holds any truncation bootstrap). next_value: (num_envs,),
-    the value of the observation after the last step. Returns (advantages, returns), both
-    (num_steps, num_envs), with returns = advantages + values.
-    """
+# ---------------------------------------------------------------------------------------------
+# The math: small pure functions, tested alone
+# ---------------------------------------------------------------------------------------------
+def compute_gae(rewards, values, dones, next_value, gamma: float, gae_lambda: float):
+    """Generalized advantage estimation over one rollout. rewards, values, dones: (num_steps, num_envs),
+    dones[t] = 1 where step t ended the (learning) episode; next_value: (num_envs,), the value of the
+    observation after the last step. Returns (advantages, returns), both (num_steps, num_envs)."""
     num_steps = rewards.shape[0]
     advantages = torch.zeros_like(rewards)
     lastgaelam = torch.zeros_like(next_value)
@@ -213,96 +158,65 @@ def compute_gae(
     return advantages, advantages + values
 
 
-class Progress:
-    """How far the run is, for whoever reads its output: a live line on a terminal; elsewhere (a
-    log file, Slurm, nohup, a container) a plain line at most every `interval` seconds, and
-    always the first and the last one."""
+def ppo_loss(newlogprob, entropy, newvalue, logprobs, advantages, returns, values, args: Args):
+    """The clipped PPO objective on one minibatch; returns the loss and the statistics to log."""
+    logratio = newlogprob - logprobs
+    ratio = logratio.exp()
+    with torch.no_grad():
+        # http://joschu.net/blog/kl-approx.html
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
 
-    def __init__(self, total_steps: int, interval: float):
-        self.total, self.interval, self.last_print = total_steps, interval, -float("inf")
-        self.on_terminal = sys.stderr.isatty()
+    if args.norm_adv:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
-    def show(self, global_step: int, sps: int, recent_returns: deque):
-        now = time.time()
-        if not self.on_terminal and now - self.last_print < self.interval and global_step < self.total:
-            return
-        self.last_print = now
-        recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
-        eta = (self.total - global_step) / max(sps, 1)
-        line = (
-            f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
-            f" | ETA {int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}"
-        )
-        if self.on_terminal:
-            print(f"\r{line}   ", end="", file=sys.stderr, flush=True)
-        else:
-            print(line, file=sys.stderr, flush=True)
+    newvalue = newvalue.view(-1)
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - returns) ** 2
+        v_clipped = values + torch.clamp(newvalue - values, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
 
-    def close(self):
-        if self.on_terminal:
-            print(file=sys.stderr)
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    stats = dict(policy_loss=pg_loss.detach(), value_loss=v_loss.detach(), entropy=entropy_loss.detach())
+    return loss, dict(stats, old_approx_kl=old_approx_kl, approx_kl=approx_kl, clipfrac=clipfrac)
 
 
-def main(args: Args) -> None:
+def main(args: Args):
     args.batch_size = args.num_envs * args.num_steps
-    if args.num_minibatches < 1 or args.batch_size % args.num_minibatches != 0:
-        sys.exit(
-            f"error: num_envs * num_steps = {args.batch_size} is not divisible by num_minibatches = "
-            f"{args.num_minibatches}; pick sizes where it is"
-        )
-    args.minibatch_size = args.batch_size // args.num_minibatches
-    if args.norm_adv and args.minibatch_size < 2:
-        sys.exit(f"error: minibatches of {args.minibatch_size} sample cannot normalize advantages; use fewer --num-minibatches")
-    args.num_iterations = args.total_timesteps // args.batch_size
-    if args.num_iterations < 1:
-        sys.exit(
-            f"error: total_timesteps = {args.total_timesteps} is less than one batch "
-            f"(num_envs * num_steps = {args.batch_size}); raise --total-timesteps"
-        )
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-
-    try:
-        envs = make_envs(args.env_id, args.num_envs, args.capture_video, run_name)
-        # reset here too: a missing render dependency of --capture-video (pygame) only shows up then
-        first_obs, _ = envs.reset(seed=args.seed)
-    except gym.error.Error as e:
-        sys.exit(f"error: cannot make environment {args.env_id!r}: {e}")
-    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
-        envs.close()
-        sys.exit(
-            f"error: {args.env_id} has action space {envs.single_action_space}; this script needs a "
-            "Discrete one"
-        )
-
-    if args.track:
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=vars(args),
-            name=run_name,
-            save_code=True,
-        )
-    writer = SummaryWriter(f"runs/{run_name}")
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items()),
-    )
-
+    args.minibatch_size = args.batch_size // max(args.num_minibatches, 1)
+    args.num_iterations = args.total_timesteps // max(args.batch_size, 1)
+    check_args(args)
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    # The networks are tiny, so extra intra-op threads gain nothing; when other processes share the
-    # cores (several seeds at once) their spin-waits made each step ~80x slower on a 2-core machine.
+    # Tiny networks: more threads gain nothing, and beside other processes their spin-waits made steps 80x slower.
     torch.set_num_threads(1)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    try:  # the first reset too: a missing render dependency of --capture-video (pygame) shows up there
+        envs = make_envs(args.env_id, args.num_envs, f"videos/{run_name}" if args.capture_video else None)
+        next_obs_np, _ = envs.reset(seed=args.seed)
+    except gym.error.Error as e:
+        fail(f"cannot make environment {args.env_id!r}: {e}")
+    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
+        fail(f"{args.env_id} has action space {envs.single_action_space}; this script needs a Discrete one")
+    writer = start_logging(args, run_name, None)
 
     obs_shape = envs.single_observation_space.shape
     agent = Agent(int(np.prod(obs_shape)), int(envs.single_action_space.n)).to(device)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
 
-    # rollout storage, (num_steps, num_envs, ...)
+    # Rollout storage, (num_steps, num_envs, ...)
     obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, device=device)
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
@@ -310,12 +224,10 @@ def main(args: Args) -> None:
     dones = torch.zeros((args.num_steps, args.num_envs), device=device)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
 
-    episode_stats = EpisodeStatistics(args.num_envs)
+    next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
     recent_returns = deque(maxlen=20)
     progress = Progress(args.num_iterations * args.batch_size, args.progress_interval)
-    global_step = 0
-    start_time = time.time()
-    next_obs = torch.as_tensor(first_obs, dtype=torch.float32, device=device)
+    global_step, start_time = 0, time.time()
 
     for iteration in range(1, args.num_iterations + 1):
         if args.anneal_lr:
@@ -331,46 +243,34 @@ def main(args: Args) -> None:
             logprobs[step] = logprob
             values[step] = value.flatten()
 
-            next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
-            episode_done = terminations | truncations
-            final_values = torch.zeros(args.num_envs, device=device)
-            cut_by_time_limit = truncations & ~terminations
+            next_obs_np, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+            # A time limit is not a death: the state it cuts still has a future, which the critic estimates
+            # from the real last observation (SAME_STEP autoreset keeps it in infos["final_obs"], None where
+            # the episode goes on). Folded into the reward, it lets GAE end every episode alike.
+            bootstrap, cut_by_time_limit = torch.zeros(args.num_envs, device=device), truncations & ~terminations
             if cut_by_time_limit.any():
-                # "final_obs" is an object array holding None for the envs whose episode goes on
-                final_obs = np.stack(infos["final_obs"][cut_by_time_limit])
+                final_obs = torch.as_tensor(np.stack(infos["final_obs"][cut_by_time_limit]), dtype=torch.float32)
                 with torch.no_grad():
-                    final_values[torch.from_numpy(cut_by_time_limit).to(device)] = agent.get_value(
-                        torch.as_tensor(final_obs, dtype=torch.float32, device=device)
-                    ).flatten()
-            rewards[step] = bootstrap_truncated(
-                torch.as_tensor(reward, dtype=torch.float32, device=device),
-                torch.as_tensor(terminations, device=device),
-                torch.as_tensor(truncations, device=device),
-                final_values,
-                args.gamma,
-            )
-            dones[step] = torch.as_tensor(episode_done, dtype=torch.float32, device=device)
-            next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
+                    bootstrap[cut_by_time_limit] = args.gamma * agent.get_value(final_obs.to(device)).flatten()
+            rewards[step] = torch.as_tensor(reward, dtype=torch.float32, device=device) + bootstrap
+            dones[step] = torch.as_tensor(terminations | truncations, dtype=torch.float32, device=device)
+            next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
 
-            # the env steps of one vector step count as consecutive global steps, env 0 first,
-            # so every episode is logged at a step of its own
-            for env_index, episodic_return, episodic_length in episode_stats.update(reward, episode_done):
-                env_global_step = global_step - args.num_envs + env_index + 1
-                recent_returns.append(episodic_return)
-                writer.add_scalar("charts/episodic_return", episodic_return, env_global_step)
-                writer.add_scalar("charts/episodic_length", episodic_length, env_global_step)
+            # The env steps of one vector step count as consecutive global steps, env 0 first, so
+            # every episode is logged at a step of its own.
+            for i in np.flatnonzero(infos.get("_episode", [])):
+                episode_step = global_step - args.num_envs + i + 1
+                recent_returns.append(float(infos["episode"]["r"][i]))
+                writer.add_scalar("charts/episodic_return", infos["episode"]["r"][i], episode_step)
+                writer.add_scalar("charts/episodic_length", infos["episode"]["l"][i], episode_step)
 
         with torch.no_grad():
             next_value = agent.get_value(next_obs).flatten()
         advantages, returns = compute_gae(rewards, values, dones, next_value, args.gamma, args.gae_lambda)
 
-        # flatten the rollout into one batch
-        b_obs = obs.reshape((-1,) + obs_shape)
-        b_actions = actions.reshape(-1)
-        b_logprobs = logprobs.reshape(-1)
-        b_advantages = advantages.reshape(-1)
-        b_returns = returns.reshape(-1)
-        b_values = values.reshape(-1)
+        b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values = (
+            x.reshape(args.batch_size, *x.shape[2:]) for x in (obs, actions, logprobs, advantages, returns, values)
+        )
 
         b_inds = np.arange(args.batch_size)
         clipfracs = []
@@ -379,42 +279,14 @@ def main(args: Args) -> None:
             for start in range(0, args.batch_size, args.minibatch_size):
                 mb_inds = b_inds[start : start + args.minibatch_size]
                 _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
-                logratio = newlogprob - b_logprobs[mb_inds]
-                ratio = logratio.exp()
-                with torch.no_grad():
-                    old_approx_kl = (-logratio).mean()
-                    approx_kl = ((ratio - 1) - logratio).mean()  # the low-variance estimator of KL(old, new)
-                    clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean().item())
-
-                mb_advantages = b_advantages[mb_inds]
-                if args.norm_adv:
-                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
-                # clipped surrogate objective, as a loss to minimize
-                pg_loss1 = -mb_advantages * ratio
-                pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-                pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-                newvalue = newvalue.flatten()
-                if args.clip_vloss:
-                    v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
-                    v_clipped = b_values[mb_inds] + torch.clamp(
-                        newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef
-                    )
-                    v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
-                    v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-                else:
-                    v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
-
-                entropy_loss = entropy.mean()
-                loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-
+                old = (b_logprobs[mb_inds], b_advantages[mb_inds], b_returns[mb_inds], b_values[mb_inds])
+                loss, stats = ppo_loss(newlogprob, entropy, newvalue, *old, args)
                 optimizer.zero_grad()
                 loss.backward()
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
-
-            if args.target_kl is not None and approx_kl > args.target_kl:
+                clipfracs.append(stats["clipfrac"])
+            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
                 break
 
         y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
@@ -423,27 +295,98 @@ def main(args: Args) -> None:
 
         sps = int(global_step / (time.time() - start_time))
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        writer.add_scalar("charts/SPS", sps, global_step)
-        writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
-        writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
-        writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
-        writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
-        writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
-        writer.add_scalar("losses/clipfrac", np.mean(clipfracs), global_step)
+        writer.add_scalar("losses/value_loss", stats["value_loss"].item(), global_step)
+        writer.add_scalar("losses/policy_loss", stats["policy_loss"].item(), global_step)
+        writer.add_scalar("losses/entropy", stats["entropy"].item(), global_step)
+        writer.add_scalar("losses/old_approx_kl", stats["old_approx_kl"].item(), global_step)
+        writer.add_scalar("losses/approx_kl", stats["approx_kl"].item(), global_step)
+        writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
         progress.show(global_step, sps, recent_returns)
 
     progress.close()
     envs.close()  # also finishes the last video
-    writer.close()
-    if args.track and args.capture_video:
-        # uploaded by hand: wandb's monitor_gym patch breaks on gymnasium 1.x RecordVideo
-        wandb.save(f"videos/{run_name}/*.mp4", policy="now")
+    finish_logging(args, writer, run_name)
     recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
     print(
         f"finished {args.num_iterations} iterations, {global_step} steps, {sps} SPS, "
         f"mean return of the last {len(recent_returns)} episodes {recent}"
     )
+
+
+# =============================================================================================
+# Run infrastructure: what makes a run watchable, resumable and reusable; not the algorithm. Each
+# block is the same text in every script that has it (tests/test_blocks.py holds the copies equal),
+# but for the lines that end in `# this script`. Design notes: docs/design.md
+# =============================================================================================
+def fail(message: str):
+    """A user error: one line naming the problem, a non-zero exit, no traceback."""
+    sys.exit(f"error: {message}")
+
+
+def check_args(args: Args):
+    if min(args.num_envs, args.num_steps, args.num_minibatches, args.update_epochs) < 1:
+        fail("--num-envs, --num-steps, --num-minibatches and --update-epochs must be positive")
+    if args.batch_size % args.num_minibatches != 0:
+        fail(f"num_envs * num_steps = {args.batch_size} is not divisible by num_minibatches = {args.num_minibatches}")
+    if args.norm_adv and args.minibatch_size < 2:
+        fail(f"minibatches of {args.minibatch_size} sample cannot normalize advantages; use fewer --num-minibatches")
+    if args.num_iterations < 1:
+        fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch ({args.batch_size} steps)")
+
+
+def start_logging(args: Args, run_name: str, checkpoint: dict | None) -> SummaryWriter:
+    """TensorBoard events in runs/{run_name}, and wandb under --track. A resumed run goes on in its own
+    directory and wandb run, and hides what its interrupted attempt logged after the checkpoint."""
+    if args.track:
+        import wandb
+
+        project = dict(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), save_code=True)
+        wandb.init(**project, name=run_name, id=run_name, resume="allow", sync_tensorboard=True)  # id: resumable
+    writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
+    if checkpoint is None:
+        table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    return writer
+
+
+class Progress:
+    """How far the run is, for whoever reads its output: a live line on a terminal; elsewhere (a log
+    file, Slurm, nohup, a container) a plain line at most every `interval` seconds, and always the
+    first and the last one."""
+
+    def __init__(self, total_steps: int, interval: float):
+        self.total, self.interval, self.last_print = total_steps, interval, -float("inf")
+        self.on_terminal = sys.stderr.isatty()
+
+    def show(self, global_step: int, sps: int, recent_returns: deque):
+        now = time.time()
+        if not self.on_terminal and now - self.last_print < self.interval and global_step < self.total:
+            return
+        self.last_print = now
+        recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
+        eta = int((self.total - global_step) / max(sps, 1))
+        line = f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
+        line += f" | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
+        print(f"\r{line}   " if self.on_terminal else line, end="" if self.on_terminal else None, file=sys.stderr)
+        sys.stderr.flush()
+
+    def close(self):
+        if self.on_terminal:
+            print(file=sys.stderr)
+
+
+def finish_logging(args: Args, writer: SummaryWriter, run_name: str):
+    """Closes the run's TensorBoard events; under --track, uploads its videos (training and evaluation) to
+    wandb, by hand: wandb's monitor_gym breaks on gymnasium 1.x's RecordVideo."""
+    writer.close()
+    if args.track and args.capture_video:
+        import wandb
+
+        for folder in (f"videos/{run_name}", f"videos/{run_name}-eval"):
+            if os.path.isdir(folder):
+                wandb.save(f"{folder}/*.mp4", policy="now")
 
 
 if __name__ == "__main__":

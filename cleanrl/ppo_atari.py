@@ -292,7 +292,7 @@ def ppo_loss(newlogprob, entropy, newvalue, logprobs, advantages, returns, value
 def main(args: Args):
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // max(args.num_minibatches, 1)
-    args.num_iterations = args.total_timesteps // args.batch_size
+    args.num_iterations = args.total_timesteps // max(args.batch_size, 1)
     check_args(args)
     random.seed(args.seed)
     np.random.seed(args.seed)

@@ -1,12 +1,6 @@
-"""Proximal Policy Optimization (PPO) for continuous actions, on gymnasium's MuJoCo tasks.
-
-HalfCheetah-v5 by default: a gymnasium `SyncVectorEnv` in SAME_STEP autoreset mode, a Gaussian
-policy with a state-independent log-std, running normalization of the observations and of the
-rewards (by the std of the discounted return) with clipping, GAE, and time-limit truncations
-bootstrapped from the real final observation. The saved model carries the observation statistics,
-and evaluation applies them, frozen. Docs: docs/ppo_continuous_action.md
-
-Run: `python cleanrl/ppo_continuous_action.py --env-id Hopper-v5 --seed 1`; `--help` lists every option.
+"""PPO for continuous actions on gymnasium's MuJoCo tasks, one file: HalfCheetah-v5 by default, a Gaussian
+policy with a state-independent log-std, running normalization of the observations and of the rewards,
+GAE, and time-limit truncations bootstrapped from the real final observation. Docs: docs/ppo_continuous_action.md
 """
 
 import math
@@ -101,76 +95,33 @@ class Args:
     """the number of rollout-and-update iterations, total_timesteps // batch_size (computed at run time)"""
 
 
-# Normalized observations and scaled rewards are clipped to [-10, 10], and EPS keeps the division
-# finite while a variance is still 0 (a single sample, a constant observation).
-OBS_CLIP = 10.0
-REWARD_CLIP = 10.0
-EPS = 1e-8
-
-
-def fail(message: str):
-    """A user error: one line naming the problem, a non-zero exit, no traceback."""
-    sys.exit(f"error: {message}")
+# Normalized observations and scaled rewards are clipped to [-10, 10]; EPS keeps a division by a 0 variance finite.
+OBS_CLIP, REWARD_CLIP, EPS = 10.0, 10.0, 1e-8
 
 
 # ---------------------------------------------------------------------------------------------
 # Environment
 # ---------------------------------------------------------------------------------------------
-def make_envs(env_id: str, num_envs: int, video_folder: str | None = None) -> gym.vector.SyncVectorEnv:
-    if video_folder is not None and "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
-        # Without a display MuJoCo's default (GLFW) cannot open a context; EGL renders offscreen.
-        # Read when the first renderer is made, so setting it here is early enough.
-        os.environ["MUJOCO_GL"] = "egl"
-
-    def make_env(index: int):
-        def thunk():
-            if video_folder is not None and index == 0:
-                # RecordVideo's default trigger is the capped cubic schedule: episodes 0, 1, 8, 27, ...
-                return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), video_folder)
-            return gym.make(env_id)
-
-        return thunk
-
-    # SAME_STEP: the step that ends an episode already returns the next episode's first
-    # observation, and the real last observation comes in infos["final_obs"]. gymnasium 1.x
-    # defaults to NEXT_STEP instead, which inserts a fake transition after every episode end.
-    return gym.vector.SyncVectorEnv(
-        [make_env(i) for i in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
-    )
-
-
-class EpisodeStatistics:
-    """Return and length of the running episode of each env, for logging (raw rewards)."""
-
-    def __init__(self, num_envs: int):
-        self.returns = np.zeros(num_envs, dtype=np.float64)
-        self.lengths = np.zeros(num_envs, dtype=np.int64)
-
-    def update(self, rewards: np.ndarray, dones: np.ndarray) -> list[tuple[int, float, int]]:
-        """Count one step of every env; return (env index, return, length) of each episode that ended."""
-        self.returns += rewards
-        self.lengths += 1
-        if not dones.any():  # most steps: skip the bookkeeping below
-            return []
-        finished = [(int(i), float(self.returns[i]), int(self.lengths[i])) for i in np.flatnonzero(dones)]
-        self.returns[dones] = 0.0
-        self.lengths[dones] = 0
-        return finished
+def make_envs(env_id: str, num_envs: int, video_folder: str | None = None) -> gym.vector.VectorEnv:
+    thunks = [lambda: gym.make(env_id)] * num_envs
+    if video_folder is not None:  # env 0's episodes 0, 1, 8, 27, ..., then every 1000th (RecordVideo's default)
+        os.environ.setdefault("MUJOCO_GL", "egl")  # renders offscreen: MuJoCo's default, GLFW, needs a display
+        thunks[0] = lambda: gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), video_folder)
+    # SAME_STEP: the step that ends an episode already returns the next one's first observation. gymnasium
+    # 1.x defaults to NEXT_STEP, which inserts a fake transition (reward 0, action ignored) after each end.
+    envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    return gym.wrappers.vector.RecordEpisodeStatistics(envs)  # infos["episode"]: raw returns and lengths
 
 
 class RunningMeanStd:
-    """Mean and (population) variance of every sample seen so far, merged one batch at a time with
-    the parallel formula of Chan et al., so the result equals the statistics of all samples at once."""
+    """Mean and (population) variance of every sample seen so far, merged one batch at a time with the
+    parallel formula of Chan et al., so the result equals the statistics of all samples at once."""
 
     def __init__(self, shape: tuple[int, ...] = ()):
-        self.mean = np.zeros(shape, dtype=np.float64)
-        self.var = np.ones(shape, dtype=np.float64)
-        self.count = 0
+        self.mean, self.var, self.count = np.zeros(shape, dtype=np.float64), np.ones(shape, dtype=np.float64), 0
 
-    def update(self, batch: np.ndarray):
-        """batch: (n, *shape)."""
-        # np.add.reduce rather than batch.mean() and batch.var(): this runs twice per env step on a
-        # handful of numbers, where those methods' Python wrappers cost more than the arithmetic
+    def update(self, batch: np.ndarray):  # batch: (n, *shape)
+        # np.add.reduce: twice per env step on a handful of numbers, batch.mean()'s Python wrapper costs more
         n = batch.shape[0]
         batch_mean = np.add.reduce(batch, axis=0) / n
         batch_var = np.add.reduce(np.square(batch - batch_mean), axis=0) / n
@@ -186,17 +137,11 @@ def normalize_obs(obs: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.ndar
 
 
 class RewardNormalizer:
-    """Divides rewards by the running std of each env's discounted return (not centred: the sign of
-    a reward is kept), then clips them to [-REWARD_CLIP, REWARD_CLIP].
-
-    The return restarts at every episode end, terminated or truncated alike, so the statistics are
-    those of returns within one episode, whatever the autoreset puts in the next step.
-    """
+    """Divides rewards by the running std of each env's discounted return (not centred: a reward keeps its
+    sign), then clips them. The return restarts at every episode end, terminated or truncated alike."""
 
     def __init__(self, num_envs: int, gamma: float):
-        self.gamma = gamma
-        self.returns = np.zeros(num_envs, dtype=np.float64)
-        self.return_rms = RunningMeanStd()
+        self.gamma, self.returns, self.return_rms = gamma, np.zeros(num_envs, dtype=np.float64), RunningMeanStd()
 
     def __call__(self, rewards: np.ndarray, dones: np.ndarray) -> np.ndarray:
         self.returns = self.returns * self.gamma + rewards
@@ -225,25 +170,18 @@ def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
     return (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum(-1)
 
 
+def tanh_mlp(in_dim: int, out_dim: int, out_std: float) -> nn.Sequential:
+    """Two hidden layers of 64 tanh units, orthogonal initialization; the output layer's gain is out_std."""
+    hidden = [layer_init(nn.Linear(in_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh()]
+    return nn.Sequential(*hidden, layer_init(nn.Linear(64, out_dim), std=out_std))
+
+
 class Agent(nn.Module):
     def __init__(self, obs_dim: int, action_dim: int):
         super().__init__()
-        self.critic = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 1), std=1.0),
-        )
-        self.actor_mean = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, action_dim), std=0.01),
-        )
-        # state-independent: one log-std per action dim, learned, starting at std 1
-        self.actor_logstd = nn.Parameter(torch.zeros(1, action_dim))
+        self.critic = tanh_mlp(obs_dim, 1, out_std=1.0)
+        self.actor_mean = tanh_mlp(obs_dim, action_dim, out_std=0.01)
+        self.actor_logstd = nn.Parameter(torch.zeros(1, action_dim))  # state-independent, learned, starts at std 1
 
     def get_value(self, x: torch.Tensor) -> torch.Tensor:
         return self.critic(x)
@@ -259,34 +197,10 @@ class Agent(nn.Module):
 # ---------------------------------------------------------------------------------------------
 # The math: small pure functions, tested alone
 # ---------------------------------------------------------------------------------------------
-def bootstrap_truncated(
-    rewards: torch.Tensor,
-    terminations: torch.Tensor,
-    truncations: torch.Tensor,
-    final_values: torch.Tensor,
-    gamma: float,
-) -> torch.Tensor:
-    """Rewards of one vector step, (num_envs,), with gamma * V(final obs) added where an episode was
-    cut by a time limit (truncated but not terminated).
-
-    A time limit is not part of the task: the state it stops in still has a future, so its return
-    is estimated by the critic instead of taken as 0. Folding the estimate into the reward lets GAE
-    then treat every episode end alike, as the end of the trajectory.
-    """
-    cut_by_time_limit = truncations & ~terminations
-    return rewards + gamma * final_values * cut_by_time_limit
-
-
 def compute_gae(rewards, values, dones, next_value, gamma: float, gae_lambda: float):
-    """Generalized advantage estimates and value targets of a rollout, in NumPy.
-
-    rewards, values, dones: (num_steps, num_envs); dones[t] is 1.0 where the transition of step t
-    ended the episode (its reward already holds any truncation bootstrap). next_value: (num_envs,),
-    the value of the observation after the last step. Returns (advantages, returns), both
-    (num_steps, num_envs), with returns = advantages + values.
-    The loop runs num_steps times on a few numbers each: NumPy's small-array ops cost a fraction
-    of torch's per-op overhead (with 1 env and 2048 steps, torch made this loop cost 0.1 ms a step).
-    """
+    """Generalized advantage estimation over one rollout, in NumPy (its small-array ops cost a fraction of
+    torch's per-op overhead). rewards, values, dones: (num_steps, num_envs), dones[t] = 1 where step t ended
+    the episode; next_value: (num_envs,). Returns (advantages, returns), both (num_steps, num_envs)."""
     num_steps = rewards.shape[0]
     advantages = np.zeros_like(rewards)
     lastgaelam = np.zeros_like(next_value)
@@ -326,244 +240,58 @@ def ppo_loss(newlogprob, entropy, newvalue, logprobs, advantages, returns, value
 
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-    stats = dict(
-        policy_loss=pg_loss.detach(),
-        value_loss=v_loss.detach(),
-        entropy=entropy_loss.detach(),
-        old_approx_kl=old_approx_kl,
-        approx_kl=approx_kl,
-        clipfrac=clipfrac,
-    )
-    return loss, stats
+    stats = dict(policy_loss=pg_loss.detach(), value_loss=v_loss.detach(), entropy=entropy_loss.detach())
+    return loss, dict(stats, old_approx_kl=old_approx_kl, approx_kl=approx_kl, clipfrac=clipfrac)
 
 
-# ---------------------------------------------------------------------------------------------
-# Saving and evaluation
-# ---------------------------------------------------------------------------------------------
-def save_model(path: str, agent: Agent, obs_rms: RunningMeanStd, args: Args):
-    # The observation statistics are part of the model: the network only knows normalized inputs.
-    # Written to a temporary file and renamed, so a crash never leaves a truncated checkpoint.
-    payload = {
-        "model": agent.state_dict(),
-        "obs_rms": {"mean": torch.from_numpy(obs_rms.mean), "var": torch.from_numpy(obs_rms.var), "count": obs_rms.count},
-        "args": vars(args),
-        "obs_dim": agent.actor_mean[0].in_features,
-        "action_dim": agent.actor_mean[-1].out_features,
-    }
-    torch.save(payload, path + ".tmp")
-    os.replace(path + ".tmp", path)
-
-
-def load_model(path: str, device) -> tuple[Agent, RunningMeanStd, dict]:
-    if not os.path.isfile(path):
-        fail(f"checkpoint {path!r} does not exist")
-    try:
-        payload = torch.load(path, map_location=device, weights_only=True)
-        agent = Agent(payload["obs_dim"], payload["action_dim"]).to(device)
-        agent.load_state_dict(payload["model"])
-        obs_rms = RunningMeanStd((payload["obs_dim"],))
-        obs_rms.mean = payload["obs_rms"]["mean"].cpu().numpy().astype(np.float64)
-        obs_rms.var = payload["obs_rms"]["var"].cpu().numpy().astype(np.float64)
-        obs_rms.count = int(payload["obs_rms"]["count"])
-        if obs_rms.mean.shape != (payload["obs_dim"],) or obs_rms.var.shape != (payload["obs_dim"],):
-            raise ValueError("observation statistics of the wrong shape")
-        saved_args = dict(payload["args"])
-        saved_args["env_id"]  # a checkpoint without it is foreign (KeyError)
-    except Exception as e:  # any unreadable or foreign file is the same user error
-        fail(f"checkpoint {path!r} is not a readable {os.path.basename(__file__)} model ({type(e).__name__})")
-    return agent, obs_rms, saved_args
-
-
-def evaluate(
-    agent: Agent,
-    obs_rms: RunningMeanStd,
-    env_id: str,
-    eval_episodes: int,
-    device,
-    seed: int = 0,
-    video_folder: str | None = None,
-) -> list[float]:
-    """Plays `eval_episodes` whole episodes with the mean action of the policy; returns their raw
-    returns. Observations are normalized with the given statistics, frozen (evaluation must see
-    the inputs the network was trained on, and must not change them)."""
-    envs = make_envs(env_id, 1, video_folder)
-    low, high = envs.single_action_space.low, envs.single_action_space.high
-    stats = EpisodeStatistics(1)
-    returns = []
-    obs, _ = envs.reset(seed=seed)
-    while len(returns) < eval_episodes:
-        with torch.no_grad():
-            mean_action = agent.actor_mean(torch.from_numpy(normalize_obs(obs, obs_rms.mean, obs_rms.var)).to(device))
-        obs, reward, terminations, truncations, _ = envs.step(np.clip(mean_action.cpu().numpy(), low, high))
-        returns += [episodic_return for _, episodic_return, _ in stats.update(reward, terminations | truncations)]
-    envs.close()
-    return returns
-
-
-def run_evaluation(args: Args, env_id: str, agent: Agent, obs_rms: RunningMeanStd, device, writer, run_name: str):
-    video_folder = f"videos/{run_name}-eval" if args.capture_video else None
-    returns = evaluate(agent, obs_rms, env_id, args.eval_episodes, device, args.seed, video_folder)
-    for i, episodic_return in enumerate(returns):
-        print(f"eval_episode={i}, episodic_return={episodic_return}")
-        writer.add_scalar("eval/episodic_return", episodic_return, i)
-    print(f"eval: mean return {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} episodes")
-    return returns
-
-
-def upload_videos(run_name: str):
-    """Uploads the training and evaluation videos to the wandb run; by hand, because wandb's
-    monitor_gym patch breaks on gymnasium 1.x's RecordVideo."""
-    import wandb
-
-    for folder in (f"videos/{run_name}", f"videos/{run_name}-eval"):
-        if os.path.isdir(folder):
-            wandb.save(f"{folder}/*.mp4", policy="now")
-
-
-# ---------------------------------------------------------------------------------------------
-# Progress display
-# ---------------------------------------------------------------------------------------------
-class Progress:
-    """How far the run is, for whoever reads its output: a live line on a terminal; elsewhere (a
-    log file, Slurm, nohup, a container) a plain line at most every `interval` seconds, and
-    always the first and the last one."""
-
-    def __init__(self, total_steps: int, interval: float):
-        self.total, self.interval, self.last_print = total_steps, interval, -float("inf")
-        self.on_terminal = sys.stderr.isatty()
-
-    def show(self, global_step: int, sps: int, recent_returns: deque):
-        now = time.time()
-        if not self.on_terminal and now - self.last_print < self.interval and global_step < self.total:
-            return
-        self.last_print = now
-        recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
-        eta = int((self.total - global_step) / max(sps, 1))
-        line = (
-            f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
-            f" | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
-        )
-        if self.on_terminal:
-            print(f"\r{line}   ", end="", file=sys.stderr, flush=True)
-        else:
-            print(line, file=sys.stderr, flush=True)
-
-    def close(self):
-        if self.on_terminal:
-            print(file=sys.stderr)
-
-
-# ---------------------------------------------------------------------------------------------
-# Training
-# ---------------------------------------------------------------------------------------------
 def main(args: Args):
     args.batch_size = args.num_envs * args.num_steps
-    if min(args.num_envs, args.num_steps, args.num_minibatches, args.update_epochs, args.eval_episodes) < 1:
-        fail("--num-envs, --num-steps, --num-minibatches, --update-epochs and --eval-episodes must be positive")
-    if args.batch_size % args.num_minibatches != 0:
-        fail(
-            f"num_envs * num_steps = {args.batch_size} is not divisible by num_minibatches = "
-            f"{args.num_minibatches}; pick sizes where it is"
-        )
-    args.minibatch_size = args.batch_size // args.num_minibatches
-    if args.norm_adv and args.minibatch_size < 2:
-        fail(f"minibatches of {args.minibatch_size} sample cannot normalize advantages; use fewer --num-minibatches")
-    args.num_iterations = args.total_timesteps // args.batch_size
-    if args.eval_checkpoint is None and args.num_iterations < 1:
-        fail(
-            f"total_timesteps = {args.total_timesteps} is less than one batch "
-            f"(num_envs * num_steps = {args.batch_size}); raise --total-timesteps"
-        )
-
+    args.minibatch_size = args.batch_size // max(args.num_minibatches, 1)
+    args.num_iterations = args.total_timesteps // max(args.batch_size, 1)
+    check_args(args)
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    # The networks are tiny, so extra intra-op threads gain nothing, and when other processes share
-    # the cores (several seeds at once) their spin-waits slow every step down.
+    # Tiny networks: more threads gain nothing, and beside other processes their spin-waits slow every step.
     torch.set_num_threads(1)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
-    env_id = args.env_id
-    if args.eval_checkpoint is not None:
-        # a bad file fails here, before anything is written
-        agent, obs_rms, saved_args = load_model(args.eval_checkpoint, device)
-        env_id = saved_args["env_id"]
-    run_name = f"{env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    if args.eval_checkpoint is None:
-        try:
-            envs = make_envs(env_id, args.num_envs, f"videos/{run_name}" if args.capture_video else None)
-        except gym.error.Error as e:
-            fail(f"cannot make environment {env_id!r}: {e}")
-        if not isinstance(envs.single_action_space, gym.spaces.Box):
-            envs.close()
-            fail(f"{env_id} has action space {envs.single_action_space}; this script needs a continuous (Box) one")
-        if not isinstance(envs.single_observation_space, gym.spaces.Box) or len(envs.single_observation_space.shape) != 1:
-            envs.close()
-            fail(f"{env_id} has observation space {envs.single_observation_space}; this script needs a flat Box one")
-        try:
-            first_obs, _ = envs.reset(seed=args.seed)
-        except Exception as e:  # with --capture-video the first reset renders: a missing OpenGL shows up here
-            if not args.capture_video:
-                raise
-            fail(
-                f"cannot render {env_id} for --capture-video ({type(e).__name__}: {e}); headless machines need "
-                "EGL (libegl1, MUJOCO_GL=egl) or OSMesa (libosmesa6, MUJOCO_GL=osmesa)"
-            )
+    if args.eval_checkpoint is not None:  # no training: play the saved policy's episodes
+        agent, obs_rms, saved_args = load_policy(args.eval_checkpoint, device)  # a bad file fails before any output
+        run_name = f"{saved_args['env_id'].replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        writer = start_logging(args, run_name, None)
+        evaluate_policy(args, saved_args["env_id"], agent, obs_rms, device, writer, run_name)
+        return finish_logging(args, writer, run_name)
+    run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    try:
+        envs = make_envs(args.env_id, args.num_envs, f"videos/{run_name}" if args.capture_video else None)
+    except gym.error.Error as e:
+        fail(f"cannot make environment {args.env_id!r}: {e}")
+    if not isinstance(envs.single_action_space, gym.spaces.Box) or len(envs.single_observation_space.shape) != 1:
+        fail(f"{args.env_id} has actions {envs.single_action_space}; this script needs continuous (Box) ones")
+    first_obs, _ = envs.reset(seed=args.seed)
+    writer = start_logging(args, run_name, None)
 
-    if args.track:
-        import wandb
-
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=vars(args),
-            name=run_name,
-            save_code=True,
-        )
-    writer = SummaryWriter(f"runs/{run_name}")
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items()),
-    )
-    if args.eval_checkpoint is not None:
-        run_evaluation(args, env_id, agent, obs_rms, device, writer, run_name)
-        writer.close()
-        if args.track and args.capture_video:
-            upload_videos(run_name)
-        return
-
-    obs_dim = envs.single_observation_space.shape[0]
-    action_dim = envs.single_action_space.shape[0]
-    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
+    obs_dim, action_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+    low, high = envs.single_action_space.low, envs.single_action_space.high
     agent = Agent(obs_dim, action_dim).to(device)
-    # fused: one kernel for all parameters instead of a dozen small ops per tensor (4-5x faster
-    # steps on CPU, the same algorithm)
+    # fused: one kernel for all parameters, not a dozen small ops per tensor (4-5x faster steps on CPU)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
-    # Rollout storage, (num_steps, num_envs, ...), on the host in NumPy: a step of a few envs
-    # stores a few dozen numbers, which NumPy does in a fraction of a torch store's overhead; the
-    # batch goes to the device once per iteration. Observations as the policy saw them, normalized.
-    obs = np.zeros((args.num_steps, args.num_envs, obs_dim), dtype=np.float32)
-    actions = np.zeros((args.num_steps, args.num_envs, action_dim), dtype=np.float32)
-    logprobs = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    values = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    # Rollout storage in NumPy on the host (less per-store overhead than torch), on the device once per iteration
+    shape = (args.num_steps, args.num_envs)
+    obs, actions = np.zeros((*shape, obs_dim), np.float32), np.zeros((*shape, action_dim), np.float32)
+    logprobs, rewards, dones, values = (np.zeros(shape, np.float32) for _ in range(4))
 
-    # The statistics are those of the observations the policy acts on (each reset observation
-    # included), updated as they arrive; an episode's final observation, on which no action is
-    # taken, is normalized with them but not counted.
-    obs_rms = RunningMeanStd((obs_dim,))
-    reward_normalizer = RewardNormalizer(args.num_envs, args.gamma)
-    episode_stats = EpisodeStatistics(args.num_envs)
-    recent_returns = deque(maxlen=20)
-    progress = Progress(args.num_iterations * args.batch_size, args.progress_interval)
-    global_step = 0
-    start_time = time.time()
+    # The statistics are those of the observations the policy acts on (reset ones included), updated as they
+    # arrive; an episode's final observation, on which no action is taken, is normalized but not counted.
+    obs_rms, reward_normalizer = RunningMeanStd((obs_dim,)), RewardNormalizer(args.num_envs, args.gamma)
     obs_rms.update(first_obs)
     next_obs = normalize_obs(first_obs, obs_rms.mean, obs_rms.var)
+    recent_returns = deque(maxlen=20)
+    progress = Progress(args.num_iterations * args.batch_size, args.progress_interval)
+    global_step, start_time = 0, time.time()
 
     for iteration in range(1, args.num_iterations + 1):
         if args.anneal_lr:
@@ -579,42 +307,36 @@ def main(args: Args):
             logprobs[step] = logprob.cpu().numpy()
             values[step] = value.flatten().cpu().numpy()
 
-            # The env gets the action clipped to its bounds; the rollout keeps the sampled one,
-            # whose log-probability the ratio of the update needs.
-            raw_obs, reward, terminations, truncations, infos = envs.step(
-                np.clip(actions[step], action_low, action_high)
-            )
-            episode_done = terminations | truncations
-            rewards[step] = reward_normalizer(reward, episode_done)
+            # The env gets the action clipped to its bounds; the rollout keeps the sampled one (for the ratio).
+            raw_obs, reward, terminations, truncations, infos = envs.step(np.clip(actions[step], low, high))
+            rewards[step] = reward_normalizer(reward, terminations | truncations)
+            # A time limit is not a death: the critic estimates the future of the state it cuts from the real
+            # last observation (infos["final_obs"]). Folded into the reward, it lets GAE end every episode alike.
             cut_by_time_limit = truncations & ~terminations
             if cut_by_time_limit.any():
-                # "final_obs" is an object array holding None for the envs whose episode goes on
                 final_obs = normalize_obs(np.stack(infos["final_obs"][cut_by_time_limit]), obs_rms.mean, obs_rms.var)
-                final_values = np.zeros(args.num_envs, dtype=np.float32)
                 with torch.no_grad():
-                    final_value = agent.get_value(torch.from_numpy(final_obs).to(device))
-                final_values[cut_by_time_limit] = final_value.flatten().cpu().numpy()
-                rewards[step] = bootstrap_truncated(rewards[step], terminations, truncations, final_values, args.gamma)
-            dones[step] = episode_done
+                    final_values = agent.get_value(torch.from_numpy(final_obs).to(device)).flatten().cpu().numpy()
+                rewards[step, cut_by_time_limit] += args.gamma * final_values
+            dones[step] = terminations | truncations
             obs_rms.update(raw_obs)
             next_obs = normalize_obs(raw_obs, obs_rms.mean, obs_rms.var)
 
-            # the env steps of one vector step count as consecutive global steps, env 0 first,
-            # so every episode is logged at a step of its own
-            for env_index, episodic_return, episodic_length in episode_stats.update(reward, episode_done):
-                recent_returns.append(episodic_return)
-                env_global_step = global_step - args.num_envs + env_index + 1
-                writer.add_scalar("charts/episodic_return", episodic_return, env_global_step)
-                writer.add_scalar("charts/episodic_length", episodic_length, env_global_step)
+            # The env steps of one vector step count as consecutive global steps, env 0 first, so
+            # every episode is logged at a step of its own.
+            for i in np.flatnonzero(infos.get("_episode", [])):
+                episode_step = global_step - args.num_envs + i + 1
+                recent_returns.append(float(infos["episode"]["r"][i]))
+                writer.add_scalar("charts/episodic_return", infos["episode"]["r"][i], episode_step)
+                writer.add_scalar("charts/episodic_length", infos["episode"]["l"][i], episode_step)
 
         with torch.no_grad():
             next_value = agent.get_value(torch.from_numpy(next_obs).to(device)).flatten().cpu().numpy()
         advantages, returns = compute_gae(rewards, values, dones, next_value, args.gamma, args.gae_lambda)
 
-        # flatten the rollout into one batch, on the device
         b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values = (
-            torch.from_numpy(array.reshape(args.batch_size, *array.shape[2:])).to(device)
-            for array in (obs, actions, logprobs, advantages, returns, values)
+            torch.from_numpy(x.reshape(args.batch_size, *x.shape[2:])).to(device)
+            for x in (obs, actions, logprobs, advantages, returns, values)
         )
 
         clipfracs = []
@@ -623,10 +345,8 @@ def main(args: Args):
             for start in range(0, args.batch_size, args.minibatch_size):
                 mb_inds = b_inds[start : start + args.minibatch_size]
                 _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
-                loss, stats = ppo_loss(
-                    newlogprob, entropy, newvalue, b_logprobs[mb_inds], b_advantages[mb_inds],
-                    b_returns[mb_inds], b_values[mb_inds], args,
-                )
+                old = (b_logprobs[mb_inds], b_advantages[mb_inds], b_returns[mb_inds], b_values[mb_inds])
+                loss, stats = ppo_loss(newlogprob, entropy, newvalue, *old, args)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
@@ -641,7 +361,6 @@ def main(args: Args):
 
         sps = int(global_step / (time.time() - start_time))
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        writer.add_scalar("charts/SPS", sps, global_step)
         writer.add_scalar("losses/value_loss", stats["value_loss"].item(), global_step)
         writer.add_scalar("losses/policy_loss", stats["policy_loss"].item(), global_step)
         writer.add_scalar("losses/entropy", stats["entropy"].item(), global_step)
@@ -649,6 +368,7 @@ def main(args: Args):
         writer.add_scalar("losses/approx_kl", stats["approx_kl"].item(), global_step)
         writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
         progress.show(global_step, sps, recent_returns)
 
     progress.close()
@@ -658,15 +378,129 @@ def main(args: Args):
         f"finished {args.num_iterations} iterations, {global_step} steps, {sps} SPS, "
         f"mean return of the last {len(recent_returns)} episodes {recent}"
     )
-
     if args.save_model:
         model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
-        save_model(model_path, agent, obs_rms, args)
+        save_policy(model_path, agent, obs_rms, args)
         print(f"model saved to {model_path}")
-        run_evaluation(args, env_id, agent, obs_rms, device, writer, run_name)
+        evaluate_policy(args, args.env_id, agent, obs_rms, device, writer, run_name)
+    finish_logging(args, writer, run_name)
+
+
+# =============================================================================================
+# Run infrastructure: what makes a run watchable, resumable and reusable; not the algorithm. Each
+# block is the same text in every script that has it (tests/test_blocks.py holds the copies equal),
+# but for the lines that end in `# this script`. Design notes: docs/design.md
+# =============================================================================================
+def fail(message: str):
+    """A user error: one line naming the problem, a non-zero exit, no traceback."""
+    sys.exit(f"error: {message}")
+
+
+def check_args(args: Args):
+    if min(args.num_envs, args.num_steps, args.num_minibatches, args.update_epochs, args.eval_episodes) < 1:
+        fail("--num-envs, --num-steps, --num-minibatches, --update-epochs and --eval-episodes must be positive")
+    if args.batch_size % args.num_minibatches != 0:
+        fail(f"num_envs * num_steps = {args.batch_size} is not divisible by num_minibatches = {args.num_minibatches}")
+    if args.norm_adv and args.minibatch_size < 2:
+        fail(f"minibatches of {args.minibatch_size} sample cannot normalize advantages; use fewer --num-minibatches")
+    if args.eval_checkpoint is None and args.num_iterations < 1:
+        fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch ({args.batch_size} steps)")
+
+
+def start_logging(args: Args, run_name: str, checkpoint: dict | None) -> SummaryWriter:
+    """TensorBoard events in runs/{run_name}, and wandb under --track. A resumed run goes on in its own
+    directory and wandb run, and hides what its interrupted attempt logged after the checkpoint."""
+    if args.track:
+        import wandb
+
+        project = dict(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), save_code=True)
+        wandb.init(**project, name=run_name, id=run_name, resume="allow", sync_tensorboard=True)  # id: resumable
+    writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
+    if checkpoint is None:
+        table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    return writer
+
+
+class Progress:
+    """How far the run is, for whoever reads its output: a live line on a terminal; elsewhere (a log
+    file, Slurm, nohup, a container) a plain line at most every `interval` seconds, and always the
+    first and the last one."""
+
+    def __init__(self, total_steps: int, interval: float):
+        self.total, self.interval, self.last_print = total_steps, interval, -float("inf")
+        self.on_terminal = sys.stderr.isatty()
+
+    def show(self, global_step: int, sps: int, recent_returns: deque):
+        now = time.time()
+        if not self.on_terminal and now - self.last_print < self.interval and global_step < self.total:
+            return
+        self.last_print = now
+        recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
+        eta = int((self.total - global_step) / max(sps, 1))
+        line = f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
+        line += f" | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
+        print(f"\r{line}   " if self.on_terminal else line, end="" if self.on_terminal else None, file=sys.stderr)
+        sys.stderr.flush()
+
+    def close(self):
+        if self.on_terminal:
+            print(file=sys.stderr)
+
+
+def save_policy(path: str, agent: Agent, obs_rms: RunningMeanStd, args: Args):
+    # The observation statistics are part of the policy: the network only knows normalized inputs.
+    # Written to a temporary file and renamed, so a crash never leaves a truncated file.
+    sizes = {"obs_dim": agent.actor_mean[0].in_features, "action_dim": agent.actor_mean[-1].out_features}
+    obs_stats = {name: torch.as_tensor(value) for name, value in vars(obs_rms).items()}
+    torch.save({"model": agent.state_dict(), "obs_rms": obs_stats, "args": vars(args), **sizes}, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_policy(path: str, device) -> tuple[Agent, RunningMeanStd, dict]:
+    if not os.path.isfile(path):
+        fail(f"checkpoint {path!r} does not exist")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+        agent = Agent(payload["obs_dim"], payload["action_dim"]).to(device)
+        agent.load_state_dict(payload["model"])
+        obs_rms, saved_args = RunningMeanStd(), dict(payload["args"])
+        obs_rms.__dict__.update({name: value.numpy() for name, value in payload["obs_rms"].items()})
+        saved_args["env_id"]  # a checkpoint without it is foreign (KeyError)
+    except Exception as e:  # any unreadable or foreign file is the same user error
+        fail(f"checkpoint {path!r} is not a readable {os.path.basename(__file__)} model ({type(e).__name__})")
+    return agent, obs_rms, saved_args
+
+
+def evaluate_policy(args: Args, env_id: str, agent: Agent, obs_rms: RunningMeanStd, device, writer, run_name: str):
+    """Plays --eval-episodes whole episodes with the mean action of the policy; prints and logs their raw returns.
+    The observation statistics stay frozen: evaluation must see the inputs the network was trained on."""
+    envs, returns = make_envs(env_id, 1, f"videos/{run_name}-eval" if args.capture_video else None), []
+    low, high = envs.single_action_space.low, envs.single_action_space.high
+    obs, _ = envs.reset(seed=args.seed)
+    while len(returns) < args.eval_episodes:
+        with torch.no_grad():
+            mean_action = agent.actor_mean(torch.from_numpy(normalize_obs(obs, obs_rms.mean, obs_rms.var)).to(device))
+        obs, _, _, _, infos = envs.step(np.clip(mean_action.cpu().numpy(), low, high))
+        if "episode" in infos:
+            returns.append(float(infos["episode"]["r"][0]))
+            print(f"eval_episode={len(returns) - 1}, episodic_return={returns[-1]}")
+            writer.add_scalar("eval/episodic_return", returns[-1], len(returns) - 1)
+    envs.close()
+    print(f"eval: mean return {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} episodes")
+    return returns
+
+
+def finish_logging(args: Args, writer: SummaryWriter, run_name: str):
+    """Closes the run's TensorBoard events; under --track, uploads its videos (training and evaluation) to
+    wandb, by hand: wandb's monitor_gym breaks on gymnasium 1.x's RecordVideo."""
     writer.close()
     if args.track and args.capture_video:
-        upload_videos(run_name)
+        import wandb
+
+        for folder in (f"videos/{run_name}", f"videos/{run_name}-eval"):
+            if os.path.isdir(folder):
+                wandb.save(f"{folder}/*.mp4", policy="now")
 
 
 if __name__ == "__main__":

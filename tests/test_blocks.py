@@ -12,20 +12,26 @@ from common import REPO_ROOT
 
 MARK = "# this script"
 
-# Which scripts carry which block. A script that gains a block joins its list.
-ATARI_TORCH = ["ppo_atari.py"]
+# Which scripts carry which block: the families, then the blocks each family shares. A script that
+# gains a block joins its family's list.
+ATARI_PPO = ["ppo_atari.py"]  # torch PPO on Atari
+ATARI = [*ATARI_PPO, "dqn_atari.py"]  # videos of env 0's games, saved models, evaluation
 WITH_CHECKPOINTS = ["ppo_atari.py", "dqn_atari.py"]
+# gymnasium's RecordVideo records their videos; finish_logging hands the files to wandb.
+SMALL_SCRIPTS = ["ppo.py", "ppo_continuous_action.py", "sac_continuous_action.py"]
+ALL = [*ATARI, "dqn.py", *SMALL_SCRIPTS]
 BLOCKS = {
-    "fail": ["ppo_atari.py", "dqn_atari.py", "dqn.py"],
-    "start_logging": ["ppo_atari.py", "dqn_atari.py", "dqn.py"],
-    "Progress": ["ppo_atari.py", "dqn_atari.py", "dqn.py"],
-    "warn_if_bf16_is_slow": ATARI_TORCH,
-    "capped_cubic": ATARI_TORCH + ["dqn_atari.py"],
-    "VideoRecorder": ATARI_TORCH + ["dqn_atari.py"],
-    "save_model": ATARI_TORCH + ["dqn_atari.py", "dqn.py"],
-    "load_model": ATARI_TORCH + ["dqn_atari.py", "dqn.py"],
-    "evaluate": ATARI_TORCH + ["dqn_atari.py"],
-    "run_evaluation": ATARI_TORCH + ["dqn_atari.py"],
+    "fail": ALL,
+    "start_logging": ALL,
+    "Progress": ALL,
+    "finish_logging": SMALL_SCRIPTS,
+    "warn_if_bf16_is_slow": ATARI_PPO,
+    "capped_cubic": ATARI,
+    "VideoRecorder": ATARI,
+    "save_model": [*ATARI, "dqn.py"],
+    "load_model": [*ATARI, "dqn.py"],
+    "evaluate": ATARI,
+    "run_evaluation": ATARI,
     "lock_run": WITH_CHECKPOINTS,
     "script_digest": WITH_CHECKPOINTS,
     "RESUMABLE_CHANGES": WITH_CHECKPOINTS,

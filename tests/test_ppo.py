@@ -7,8 +7,15 @@ import numpy as np
 import pytest
 import torch
 from common import (
-    PPO_TAGS, assert_gae_matches_reference, assert_progress_follows_the_convention, assert_progress_lines_off_a_terminal,
-    assert_user_error, mp4_frames, read_scalars, run_dirs, run_script,
+    PPO_TAGS,
+    assert_gae_matches_reference,
+    assert_progress_follows_the_convention,
+    assert_progress_lines_off_a_terminal,
+    assert_user_error,
+    mp4_frames,
+    read_scalars,
+    run_dirs,
+    run_script,
 )
 
 import cleanrl.ppo as ppo
@@ -60,8 +67,12 @@ def test_gae_with_lambda_one_returns_the_discounted_rewards_plus_bootstrap():
     rewards, values = rng.normal(size=(2, num_steps, 2))
     next_value = rng.normal(size=2)
     _, returns = ppo.compute_gae(
-        torch.tensor(rewards), torch.tensor(values), torch.zeros(num_steps, 2, dtype=torch.float64),
-        torch.tensor(next_value), gamma, 1.0,
+        torch.tensor(rewards),
+        torch.tensor(values),
+        torch.zeros(num_steps, 2, dtype=torch.float64),
+        torch.tensor(next_value),
+        gamma,
+        1.0,
     )
     for t in range(num_steps):
         discounts = gamma ** np.arange(num_steps - t)
@@ -69,17 +80,8 @@ def test_gae_with_lambda_one_returns_the_discounted_rewards_plus_bootstrap():
         np.testing.assert_allclose(returns[t].numpy(), expected, rtol=1e-10, atol=1e-10)
 
 
-def test_only_truncated_but_not_terminated_steps_get_the_bootstrap():
-    rewards = torch.tensor([1.0, 1.0, 1.0, 1.0])
-    terminations = torch.tensor([False, True, False, True])
-    truncations = torch.tensor([False, False, True, True])
-    final_values = torch.tensor([5.0, 6.0, 7.0, 8.0])
-    corrected = ppo.bootstrap_truncated(rewards, terminations, truncations, final_values, 0.9)
-    torch.testing.assert_close(corrected, torch.tensor([1.0, 1.0, 1.0 + 0.9 * 7.0, 1.0]))
-
-
-def test_truncated_episodes_end_the_trajectory_and_bootstrap_from_the_critic(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def rollouts_of_a_run(monkeypatch, args: ppo.Args) -> list[tuple[torch.Tensor, ...]]:
+    """Runs main(args) and returns (rewards, values, dones) of each rollout, as compute_gae got them."""
     rollouts = []
     compute_gae = ppo.compute_gae
 
@@ -88,7 +90,23 @@ def test_truncated_episodes_end_the_trajectory_and_bootstrap_from_the_critic(tmp
         return compute_gae(rewards, values, dones, next_value, gamma, gae_lambda)
 
     monkeypatch.setattr(ppo, "compute_gae", recording_gae)
-    ppo.main(small_args("TruncatedAfter4-v0", gamma=GAMMA))
+    ppo.main(args)
+    return rollouts
+
+
+def test_terminated_episodes_end_the_trajectory_without_a_bootstrap(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rollouts = rollouts_of_a_run(monkeypatch, small_args("TerminatesAfter5-v0", num_steps=20, total_timesteps=80))
+    assert len(rollouts) == 2
+    for rewards, _, dones in rollouts:
+        terminal = torch.tensor([float(t % 5 == 4) for t in range(20)])[:, None].expand(20, 2)
+        torch.testing.assert_close(dones, terminal)
+        torch.testing.assert_close(rewards, torch.ones(20, 2), rtol=0, atol=0)
+
+
+def test_truncated_episodes_end_the_trajectory_and_bootstrap_from_the_critic(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rollouts = rollouts_of_a_run(monkeypatch, small_args("TruncatedAfter4-v0", gamma=GAMMA))
 
     assert len(rollouts) == 2
     for rewards, values, dones in rollouts:
@@ -125,9 +143,10 @@ def test_every_episode_is_logged_once_with_its_return_and_length_at_its_own_step
     [
         (["--env-id", "NoSuchEnv-v0"], "NoSuchEnv-v0"),
         (["--num-minibatches", "3"], "num_minibatches"),
-        (["--total-timesteps", "100"], "total_timesteps"),
+        (["--total-timesteps", "100"], "smaller than one batch"),
+        (["--num-envs", "0"], "must be positive"),
     ],
-    ids=["unknown-env-id", "batch-not-divisible", "budget-below-one-batch"],
+    ids=["unknown-env-id", "batch-not-divisible", "budget-below-one-batch", "no-envs"],
 )
 def test_bad_input_exits_with_a_one_line_error(tmp_path, args, fragment):
     assert_user_error(run_script("ppo.py", *args, cwd=tmp_path, timeout=120), fragment)

@@ -7,10 +7,20 @@ import numpy as np
 import pytest
 import torch
 from common import (
-    PPO_TAGS, assert_episodes_0_1_8_recorded_and_uploaded, assert_gae_matches_reference, assert_main_fails_with,
+    PPO_TAGS,
+    RecordingEnvs,
+    assert_episodes_0_1_8_recorded_and_uploaded,
+    assert_gae_matches_reference,
+    assert_main_fails_with,
     assert_ppo_loss_matches_reference,
-    assert_progress_follows_the_convention, assert_user_error, eval_returns, mujoco_offscreen_rendering_error, progress_steps, read_scalars,
-    recording_make_envs, run_dirs, run_script,
+    assert_progress_follows_the_convention,
+    assert_user_error,
+    eval_returns,
+    mujoco_offscreen_rendering_error,
+    progress_steps,
+    read_scalars,
+    run_dirs,
+    run_script,
 )
 
 import cleanrl.ppo_continuous_action as pca
@@ -28,8 +38,14 @@ TRUNCATION_LENGTH = 4  # of StepCountTruncatedAfter4-v0
 def small_args(**overrides) -> pca.Args:
     """2 envs x 16 steps on StepCountTruncatedAfter4-v0, 2 iterations."""
     fields = dict(
-        env_id="StepCountTruncatedAfter4-v0", num_envs=2, num_steps=16, num_minibatches=2, update_epochs=1,
-        total_timesteps=64, eval_episodes=2, cuda=False,
+        env_id="StepCountTruncatedAfter4-v0",
+        num_envs=2,
+        num_steps=16,
+        num_minibatches=2,
+        update_epochs=1,
+        total_timesteps=64,
+        eval_episodes=2,
+        cuda=False,
     )
     return pca.Args(**{**fields, **overrides})
 
@@ -67,15 +83,6 @@ def test_gae_matches_the_textbook_definition():
 
 def test_ppo_loss_matches_the_clipped_objective_of_the_paper():
     assert_ppo_loss_matches_reference(pca.ppo_loss, pca.Args())
-
-
-def test_only_truncated_but_not_terminated_steps_get_the_bootstrap():
-    rewards = torch.tensor([1.0, 1.0, 1.0, 1.0])
-    terminations = torch.tensor([False, True, False, True])
-    truncations = torch.tensor([False, False, True, True])
-    final_values = torch.tensor([5.0, 6.0, 7.0, 8.0])
-    corrected = pca.bootstrap_truncated(rewards, terminations, truncations, final_values, 0.9)
-    torch.testing.assert_close(corrected, torch.tensor([1.0, 1.0, 1.0 + 0.9 * 7.0, 1.0]))
 
 
 def test_running_mean_std_equals_the_statistics_of_all_samples_seen():
@@ -202,7 +209,7 @@ def test_saved_observation_statistics_are_those_of_every_observation_the_policy_
     monkeypatch.chdir(tmp_path)
     pca.main(small_args(save_model=True))
     (model_path,) = glob.glob(str(tmp_path / "runs" / "*" / "*.cleanrl_model"))
-    _, obs_rms, saved_args = pca.load_model(model_path, torch.device("cpu"))
+    _, obs_rms, saved_args = pca.load_policy(model_path, torch.device("cpu"))
 
     acted_on = np.array([[t % TRUNCATION_LENGTH, 1.0] for t in range(33)] * 2)
     assert obs_rms.count == len(acted_on) == 66
@@ -211,31 +218,42 @@ def test_saved_observation_statistics_are_those_of_every_observation_the_policy_
     assert saved_args["env_id"] == "StepCountTruncatedAfter4-v0"
 
 
-def test_evaluation_applies_the_saved_observation_statistics_frozen(tmp_path, monkeypatch):
+class ActionRecordingEnvs(RecordingEnvs):
+    """RecordingEnvs that also keeps every action the env is given."""
+
+    def __init__(self, envs):
+        super().__init__(envs, observations=True)
+        self.actions = []
+
+    def step(self, actions):
+        self.actions.append(np.array(actions, copy=True))
+        return super().step(actions)
+
+
+def test_evaluation_plays_the_mean_action_on_the_saved_observation_statistics_frozen(tmp_path, monkeypatch):
+    # --eval-checkpoint through main: every action of the evaluation is the mean action of the saved network
+    # on the raw observation normalized with the saved statistics; any update of them during the
+    # evaluation would change the later actions.
+    monkeypatch.chdir(tmp_path)
     rng = np.random.default_rng(0)
     agent = pca.Agent(11, 3)  # Hopper-v5
     obs_rms = pca.RunningMeanStd((11,))
     obs_rms.mean, obs_rms.var, obs_rms.count = rng.normal(0, 0.5, 11), rng.uniform(0.5, 3.0, 11), 1234
-    saved_mean, saved_var = obs_rms.mean.copy(), obs_rms.var.copy()
-    path = str(tmp_path / "agent.cleanrl_model")
-    pca.save_model(path, agent, obs_rms, pca.Args(env_id="Hopper-v5"))
-    loaded_agent, loaded_rms, _ = pca.load_model(path, torch.device("cpu"))
+    pca.save_policy("agent.cleanrl_model", agent, obs_rms, pca.Args(env_id="Hopper-v5"))
+    made, real_make_envs = [], pca.make_envs
+    monkeypatch.setattr(
+        pca, "make_envs", lambda *a, **k: made.append(ActionRecordingEnvs(real_make_envs(*a, **k))) or made[-1]
+    )
+    pca.main(pca.Args(eval_checkpoint="agent.cleanrl_model", eval_episodes=2, cuda=False))
 
-    network_inputs = []
-    loaded_agent.actor_mean.register_forward_hook(lambda module, inputs, output: network_inputs.append(inputs[0].clone()))
-    made = recording_make_envs(pca, monkeypatch, observations=True)
-    returns = pca.evaluate(loaded_agent, loaded_rms, "Hopper-v5", 2, torch.device("cpu"), seed=0)
-
-    assert len(returns) == 2
+    assert len(read_scalars(run_dirs(tmp_path)[0])["eval/episodic_return"]) == 2
     (envs,) = made
-    raw = np.concatenate(envs.observations[: len(network_inputs)])
-    expected = np.clip((raw - saved_mean) / np.sqrt(saved_var + 1e-8), -10, 10)
-    assert np.abs(expected).max() < 10, "the statistics must matter, not the clipping"
-    np.testing.assert_allclose(torch.cat(network_inputs).numpy(), expected, rtol=1e-5, atol=1e-5)
-    # frozen: evaluation leaves the statistics as they were saved
-    np.testing.assert_array_equal(loaded_rms.mean, saved_mean)
-    np.testing.assert_array_equal(loaded_rms.var, saved_var)
-    assert loaded_rms.count == 1234
+    raw = np.concatenate(envs.observations[: len(envs.actions)])
+    normalized = np.clip((raw - obs_rms.mean) / np.sqrt(obs_rms.var + 1e-8), -10, 10)
+    assert np.abs(normalized).max() < 10, "the statistics must matter, not the clipping"
+    with torch.no_grad():
+        expected = agent.actor_mean(torch.tensor(normalized, dtype=torch.float32)).clamp(-1.0, 1.0)
+    np.testing.assert_allclose(np.concatenate(envs.actions), expected.numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_loaded_model_equals_saved_model(tmp_path):
@@ -243,8 +261,8 @@ def test_loaded_model_equals_saved_model(tmp_path):
     agent, obs_rms = pca.Agent(11, 3), pca.RunningMeanStd((11,))
     obs_rms.update(np.random.default_rng(0).normal(size=(9, 11)))
     path = str(tmp_path / "agent.cleanrl_model")
-    pca.save_model(path, agent, obs_rms, pca.Args(env_id="Hopper-v5"))
-    loaded, loaded_rms, saved_args = pca.load_model(path, torch.device("cpu"))
+    pca.save_policy(path, agent, obs_rms, pca.Args(env_id="Hopper-v5"))
+    loaded, loaded_rms, saved_args = pca.load_policy(path, torch.device("cpu"))
     obs = torch.randn(5, 11)
     torch.testing.assert_close(loaded.actor_mean(obs), agent.actor_mean(obs), rtol=0, atol=0)
     torch.testing.assert_close(loaded.get_value(obs), agent.get_value(obs), rtol=0, atol=0)
@@ -258,8 +276,16 @@ def test_save_then_evaluate_round_trip_reproduces_the_evaluation(tmp_path):
     # The mean action and the same seed make evaluation deterministic: the saved model, with its
     # observation statistics, must play the very same episodes as the model that was trained.
     training = run_script(
-        SCRIPT, *SHORT_RUN, "--total-timesteps", "512", "--save-model", "--eval-episodes", "1",
-        "--progress-interval", "1e9", cwd=tmp_path,
+        SCRIPT,
+        *SHORT_RUN,
+        "--total-timesteps",
+        "512",
+        "--save-model",
+        "--eval-episodes",
+        "1",
+        "--progress-interval",
+        "1e9",
+        cwd=tmp_path,
     )
     assert training.returncode == 0, training.stderr
     (model_path,) = glob.glob(str(tmp_path / "runs" / "*" / "ppo_continuous_action.cleanrl_model"))
@@ -321,8 +347,19 @@ def tracked_run(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("tracked_run")
     video = [] if mujoco_offscreen_rendering_error() else ["--capture-video"]
     result = run_script(
-        SCRIPT, "--env-id", "InvertedPendulum-v5", "--num-steps", "64", "--num-minibatches", "2",
-        "--total-timesteps", "128", "--track", *video, cwd=cwd, env={"WANDB_DIR": str(cwd)},
+        SCRIPT,
+        "--env-id",
+        "InvertedPendulum-v5",
+        "--num-steps",
+        "64",
+        "--num-minibatches",
+        "2",
+        "--total-timesteps",
+        "128",
+        "--track",
+        *video,
+        cwd=cwd,
+        env={"WANDB_DIR": str(cwd)},
     )
     assert result.returncode == 0, result.stderr
     return cwd
@@ -357,14 +394,24 @@ def test_bad_input_from_the_command_line_is_a_one_line_error_without_traceback(t
         (dict(env_id="NoSuchEnv-v0"), "NoSuchEnv-v0"),
         (dict(env_id="CartPole-v1"), "continuous (Box)"),
         (dict(num_minibatches=3), "not divisible"),
-        (dict(total_timesteps=100), "less than one batch"),
+        (dict(total_timesteps=100), "smaller than one batch"),
         (dict(num_steps=4, num_minibatches=4), "cannot normalize advantages"),
         (dict(update_epochs=0), "must be positive"),
+        (dict(num_envs=0), "must be positive"),
         (dict(eval_episodes=0), "must be positive"),
         (dict(eval_checkpoint="missing.cleanrl_model"), "does not exist"),
     ],
-    ids=["unknown-env-id", "discrete-actions", "not-divisible", "below-one-batch", "minibatch-of-1",
-         "no-epochs", "no-eval-episodes", "missing-checkpoint"],
+    ids=[
+        "unknown-env-id",
+        "discrete-actions",
+        "not-divisible",
+        "below-one-batch",
+        "minibatch-of-1",
+        "no-epochs",
+        "no-envs",
+        "no-eval-episodes",
+        "missing-checkpoint",
+    ],
 )
 def test_bad_input_is_a_one_line_error(tmp_path, monkeypatch, overrides, fragment):
     monkeypatch.chdir(tmp_path)

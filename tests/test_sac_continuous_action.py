@@ -8,8 +8,15 @@ import numpy as np
 import pytest
 import torch
 from common import (
-    assert_episodes_0_1_8_recorded_and_uploaded, assert_main_fails_with, assert_progress_follows_the_convention,
-    assert_user_error, eval_returns, mujoco_offscreen_rendering_error, progress_steps, read_scalars, run_dirs,
+    assert_episodes_0_1_8_recorded_and_uploaded,
+    assert_main_fails_with,
+    assert_progress_follows_the_convention,
+    assert_user_error,
+    eval_returns,
+    mujoco_offscreen_rendering_error,
+    progress_steps,
+    read_scalars,
+    run_dirs,
     run_script,
 )
 
@@ -17,8 +24,17 @@ import cleanrl.sac_continuous_action as sac
 
 SCRIPT = "sac_continuous_action.py"
 SAC_TAGS = [
-    "charts/episodic_return", "charts/episodic_length", "charts/SPS", "losses/qf1_values", "losses/qf2_values",
-    "losses/qf1_loss", "losses/qf2_loss", "losses/qf_loss", "losses/actor_loss", "losses/alpha", "losses/alpha_loss",
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/SPS",
+    "losses/qf1_values",
+    "losses/qf2_values",
+    "losses/qf1_loss",
+    "losses/qf2_loss",
+    "losses/qf_loss",
+    "losses/actor_loss",
+    "losses/alpha",
+    "losses/alpha_loss",
 ]
 
 
@@ -35,7 +51,9 @@ def test_squashed_gaussian_log_prob_matches_torch_distributions():
         [torch.distributions.TanhTransform(), torch.distributions.AffineTransform(bias, scale)],
     )
     action = torch.tanh(x) * scale + bias
-    torch.testing.assert_close(sac.squashed_gaussian_log_prob(x, mean, log_std, scale), reference.log_prob(action).sum(-1))
+    torch.testing.assert_close(
+        sac.squashed_gaussian_log_prob(x, mean, log_std, scale), reference.log_prob(action).sum(-1)
+    )
 
 
 def test_squashed_gaussian_log_prob_stays_exact_where_tanh_rounds_to_one():
@@ -55,7 +73,9 @@ def test_actor_samples_and_mean_actions_lie_in_the_action_bounds():
         actor.fc_mean.bias.fill_(5.0)  # pushes the squashed actions against the upper bounds
         action, log_prob, mean_action = actor.get_action(torch.randn(256, 3))
         mean, _ = actor(torch.randn(4, 3))
-    assert ((action >= torch.tensor(low, dtype=torch.float32)) & (action <= torch.tensor(high, dtype=torch.float32))).all()
+    assert (
+        (action >= torch.tensor(low, dtype=torch.float32)) & (action <= torch.tensor(high, dtype=torch.float32))
+    ).all()
     assert (mean_action <= torch.tensor(high, dtype=torch.float32)).all() and torch.isfinite(log_prob).all()
     assert mean_action[:, 1].min() > 0.99, "tanh(mean) * scale + bias: near the upper bound 1"
 
@@ -88,8 +108,13 @@ def test_soft_td_target_matches_a_plain_reference_with_done_and_truncation_masks
             expected.append(r + gamma * (min(q1, q2) - alpha * log_pi))
     terminations = torch.tensor([float(kind == "terminated") for kind in kinds])
     target = sac.soft_td_target(
-        torch.tensor(rewards), terminations, torch.tensor(next_q1), torch.tensor(next_q2), torch.tensor(next_log_pi),
-        alpha, gamma,
+        torch.tensor(rewards),
+        terminations,
+        torch.tensor(next_q1),
+        torch.tensor(next_q2),
+        torch.tensor(next_log_pi),
+        alpha,
+        gamma,
     )
     torch.testing.assert_close(target, torch.tensor(expected))
 
@@ -177,8 +202,7 @@ def test_a_terminated_transition_is_stored_as_terminal(tmp_path, monkeypatch):
     np.testing.assert_array_equal(rb.terminations[:40], (t == 4).astype(np.float32))
 
 
-def test_the_soft_target_comes_from_the_target_critics_at_the_next_observations_sampled_actions(tmp_path,
-                                                                                               monkeypatch):
+def test_the_soft_target_comes_from_the_target_critics_at_the_next_observations_sampled_actions(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     critics, samples, actor_calls, checked = [], [], [], []
 
@@ -218,8 +242,9 @@ def test_the_soft_target_comes_from_the_target_critics_at_the_next_observations_
     monkeypatch.setattr(sac, "Actor", RecordedActor)
     monkeypatch.setattr(sac, "ReplayBuffer", RecordedReplayBuffer)
     monkeypatch.setattr(sac, "soft_td_target", checked_soft_td_target)
-    sac.main(sac.Args(env_id="StepCountTruncatedAfter4-v0", total_timesteps=40, learning_starts=30, batch_size=8,
-                      cuda=False))
+    sac.main(
+        sac.Args(env_id="StepCountTruncatedAfter4-v0", total_timesteps=40, learning_starts=30, batch_size=8, cuda=False)
+    )
     assert len(critics) == 4 and len(checked) == len(samples) - 1 == 9
 
 
@@ -245,23 +270,26 @@ class RecordingEnv(gym.Wrapper):
         return result
 
 
-def test_evaluation_plays_the_mean_action_of_the_loaded_actor(tmp_path, monkeypatch):
+def test_evaluation_plays_the_mean_action_of_the_saved_actor(tmp_path, monkeypatch):
+    # --eval-checkpoint through main: every action is tanh(mean(obs)) * scale + bias of the saved actor
+    monkeypatch.chdir(tmp_path)
     torch.manual_seed(0)
     env = gym.make("Hopper-v5")
     actor = sac.Actor(11, env.action_space.low, env.action_space.high)
-    path = str(tmp_path / "sac.cleanrl_model")
-    sac.save_model(path, actor, sac.SoftQNetwork(11, 3), sac.SoftQNetwork(11, 3), sac.Args(env_id="Hopper-v5"))
-    loaded, saved_args = sac.load_model(path, torch.device("cpu"))
-    assert saved_args["env_id"] == "Hopper-v5"
+    sac.save_policy(
+        "sac.cleanrl_model", actor, sac.SoftQNetwork(11, 3), sac.SoftQNetwork(11, 3), sac.Args(env_id="Hopper-v5")
+    )
+    recorders, make_env = [], sac.make_env
+    monkeypatch.setattr(
+        sac, "make_env", lambda *a, **k: recorders.append(RecordingEnv(make_env(*a, **k))) or recorders[-1]
+    )
+    sac.main(sac.Args(eval_checkpoint="sac.cleanrl_model", eval_episodes=2, cuda=False))
 
-    recorders = []
-    make_env = sac.make_env
-    monkeypatch.setattr(sac, "make_env", lambda *a, **k: recorders.append(RecordingEnv(make_env(*a, **k))) or recorders[-1])
-    returns = sac.evaluate(loaded, "Hopper-v5", 2, torch.device("cpu"), seed=0)
+    (run_dir,) = run_dirs(tmp_path)
+    assert "Hopper-v5" in os.path.basename(run_dir), "the evaluation runs under the saved model's env"
+    assert len(read_scalars(run_dir)["eval/episodic_return"]) == 2
     (recorder,) = recorders
-    assert len(returns) == 2 and len(recorder.actions) > 10
-
-    # every action is tanh(mean(obs)) * scale + bias of the saved actor, recomputed here
+    assert len(recorder.actions) > 10
     with torch.no_grad():
         hidden = actor.trunk(torch.as_tensor(np.array(recorder.observations), dtype=torch.float32))
         expected = torch.tanh(actor.fc_mean(hidden)) * actor.action_scale + actor.action_bias
@@ -272,8 +300,8 @@ def test_loaded_actor_equals_saved_actor_bounds_included(tmp_path):
     torch.manual_seed(0)
     actor = sac.Actor(2, np.array([-2.0, 0.0]), np.array([2.0, 1.0]))
     path = str(tmp_path / "sac.cleanrl_model")
-    sac.save_model(path, actor, sac.SoftQNetwork(2, 2), sac.SoftQNetwork(2, 2), sac.Args())
-    loaded, _ = sac.load_model(path, torch.device("cpu"))
+    sac.save_policy(path, actor, sac.SoftQNetwork(2, 2), sac.SoftQNetwork(2, 2), sac.Args())
+    loaded, _ = sac.load_policy(path, torch.device("cpu"))
     obs = torch.randn(5, 2)
     for got, want in zip(loaded(obs), actor(obs)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
@@ -285,8 +313,21 @@ def test_save_then_evaluate_round_trip_reproduces_the_evaluation(tmp_path):
     # The mean action and the same seed make evaluation deterministic: the saved actor must play
     # the very same episodes as the one that was trained.
     training = run_script(
-        SCRIPT, "--env-id", "Hopper-v5", "--total-timesteps", "300", "--learning-starts", "290", "--batch-size", "64", "--save-model",
-        "--eval-episodes", "1", "--progress-interval", "1e9", cwd=tmp_path,
+        SCRIPT,
+        "--env-id",
+        "Hopper-v5",
+        "--total-timesteps",
+        "300",
+        "--learning-starts",
+        "290",
+        "--batch-size",
+        "64",
+        "--save-model",
+        "--eval-episodes",
+        "1",
+        "--progress-interval",
+        "1e9",
+        cwd=tmp_path,
     )
     assert training.returncode == 0, training.stderr
     (model_path,) = glob.glob(str(tmp_path / "runs" / "*" / "sac_continuous_action.cleanrl_model"))
@@ -304,8 +345,20 @@ def test_save_then_evaluate_round_trip_reproduces_the_evaluation(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Hopper-v5, 500 steps: 370 random, then an update (of batches of 64) after each of the 130 others;
 # the policy every 3rd step, 3 times in a row.
-SHORT_RUN = ["--env-id", "Hopper-v5", "--total-timesteps", "500", "--learning-starts", "370", "--batch-size", "64",
-             "--policy-frequency", "3", "--progress-interval", "0"]
+SHORT_RUN = [
+    "--env-id",
+    "Hopper-v5",
+    "--total-timesteps",
+    "500",
+    "--learning-starts",
+    "370",
+    "--batch-size",
+    "64",
+    "--policy-frequency",
+    "3",
+    "--progress-interval",
+    "0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -355,9 +408,17 @@ def test_short_run_prints_a_progress_line_at_each_log_point(short_run):
 
 def test_without_autotune_alpha_stays_fixed(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    sac.main(sac.Args(
-        env_id="Hopper-v5", total_timesteps=300, learning_starts=150, batch_size=64, autotune=False, alpha=0.05, cuda=False
-    ))
+    sac.main(
+        sac.Args(
+            env_id="Hopper-v5",
+            total_timesteps=300,
+            learning_starts=150,
+            batch_size=64,
+            autotune=False,
+            alpha=0.05,
+            cuda=False,
+        )
+    )
     scalars = read_scalars(run_dirs(tmp_path)[0])
     assert [value for _, value in scalars["losses/alpha"]] == pytest.approx([0.05, 0.05])
     assert "losses/alpha_loss" not in scalars
@@ -370,8 +431,19 @@ def tracked_run(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("tracked_run")
     video = [] if mujoco_offscreen_rendering_error() else ["--capture-video"]
     result = run_script(
-        SCRIPT, "--env-id", "InvertedPendulum-v5", "--total-timesteps", "150", "--learning-starts", "100", "--batch-size", "64",
-        "--track", *video, cwd=cwd, env={"WANDB_DIR": str(cwd)},
+        SCRIPT,
+        "--env-id",
+        "InvertedPendulum-v5",
+        "--total-timesteps",
+        "150",
+        "--learning-starts",
+        "100",
+        "--batch-size",
+        "64",
+        "--track",
+        *video,
+        cwd=cwd,
+        env={"WANDB_DIR": str(cwd)},
     )
     assert result.returncode == 0, result.stderr
     return cwd
@@ -413,8 +485,17 @@ def test_bad_input_from_the_command_line_is_a_one_line_error_without_traceback(t
         (dict(tau=0.0), "tau"),
         (dict(eval_checkpoint="missing.cleanrl_model"), "does not exist"),
     ],
-    ids=["unknown-env-id", "discrete-actions", "no-learning-step", "no-batch", "no-buffer", "no-policy-updates",
-         "negative-learning-starts", "tau-zero", "missing-checkpoint"],
+    ids=[
+        "unknown-env-id",
+        "discrete-actions",
+        "no-learning-step",
+        "no-batch",
+        "no-buffer",
+        "no-policy-updates",
+        "negative-learning-starts",
+        "tau-zero",
+        "missing-checkpoint",
+    ],
 )
 def test_bad_input_is_a_one_line_error(tmp_path, monkeypatch, overrides, fragment):
     monkeypatch.chdir(tmp_path)
