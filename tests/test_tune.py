@@ -1,0 +1,223 @@
+"""benchmark/tune.py, the Optuna tuner, on real trials of cleanrl/ppo.py (CartPole, 4,096 steps each): a
+tiny study on 2 local workers whose median pruner must stop a deliberately bad trial, its results,
+continuing it, bad input; and two tuners sharing one study through a real PostgreSQL server, one of
+them SIGKILLed in the middle of a trial (tests/services.py starts the server)."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+from optuna.storages import RetryHeartbeatStaleTrialCallback
+from optuna.trial import TrialState
+
+from common import REPO_ROOT, assert_user_error, is_alive, run_tool, subprocess_environment
+from services import postgresql_missing, postgresql_server
+
+PPO = f"{sys.executable} {os.path.join(REPO_ROOT, 'cleanrl', 'ppo.py')}"
+TINY = f"{PPO} --total-timesteps 4096"  # 8 iterations of 4 envs x 128 steps: about 10 s with start-up
+# Fast reads of the runs' events, no periodic status lines, and the returns of the last 20 games.
+QUICK = ["--window", "20", "--report-every", "1024", "--read-interval", "1", "--status-interval", "1000"]
+# Trials 0 and 1 learn (CartPole return about 45 at step 2,048 and 115 at 4,096 for seed 1); trial 2 has
+# learning rate 0 and stays at random play's 20 or so: once a good trial is complete, the median
+# pruner (after 1 complete trial) must stop it at one of its first reports.
+STUDY = ["--command", TINY, "--env-ids", "CartPole-v1", "--param", "learning-rate=float:0:0.01",
+         "--enqueue", "learning-rate=0.0025", "--enqueue", "learning-rate=0.003", "--enqueue", "learning-rate=0",
+         "--pruner-startup-trials", "1", "--workers", "2", *QUICK]
+
+
+def tuner(*args: str, cwd, timeout: int = 300):
+    return run_tool("tune.py", *args, cwd=cwd, timeout=timeout)
+
+
+def load_study(cwd, name: str = "ppo-CartPole-v1", storage: str | None = None) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=storage or f"sqlite:///{cwd}/tune/optuna.db")
+
+
+def started_trials(output: str) -> list[int]:
+    return [int(number) for number in re.findall(r"\] trial (\d+) started", output)]
+
+
+# ---------------------------------------------------------------------------------------------
+# A tiny study on two local workers
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_study(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("tiny_study")
+    result = tuner(*STUDY, "--n-trials", "3", cwd=cwd)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return cwd, result.stdout
+
+
+def test_a_tiny_study_completes_the_good_trials_and_prunes_the_bad_one(tiny_study):
+    cwd, output = tiny_study
+    trials = load_study(cwd).get_trials()
+    assert [trial.params["learning-rate"] for trial in trials] == [0.0025, 0.003, 0.0]
+    assert [trial.state for trial in trials] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.PRUNED]
+    assert all(trial.value > 50 for trial in trials[:2]), [trial.value for trial in trials]
+    assert trials[2].value < 30, "a pruned trial's value is its last report: random play"
+    assert "trial 2 pruned at step" in output
+
+
+def test_two_trials_ran_at_once_each_with_its_share_of_the_cores(tiny_study):
+    cwd, output = tiny_study
+    assert started_trials(output) == [0, 1, 2]
+    # trials 0 and 1 both started before either ended
+    assert output.index("trial 1 started") < output.index("trial 0 complete")
+    threads = max(1, len(os.sched_getaffinity(0)) // 2)
+    log = (cwd / "logs" / "CartPole-v1__ppo-CartPole-v1-trial0__1.log").read_text()
+    assert log.startswith(f"# {TINY} --learning-rate 0.0025 --exp-name ppo-CartPole-v1-trial0 --env-id CartPole-v1 "
+                          f"--seed 1\n# OMP_NUM_THREADS={threads}, started ")
+    assert log.splitlines()[-1].startswith("# exit 0 after "), "the runner's exit line ends the log"
+
+
+def test_the_pruned_trial_was_stopped_midway_and_its_run_is_kept_and_marked(tiny_study):
+    cwd, _ = tiny_study
+    log = (cwd / "logs" / "CartPole-v1__ppo-CartPole-v1-trial2__1.log").read_text()
+    assert "KeyboardInterrupt" in log, "stopped like a Ctrl-C"
+    assert "finished 8 iterations" not in log, "it did not run to its end"
+    assert re.search(r"# pruned by benchmark/tune.py at step \d+ \(trial 2 of ppo-CartPole-v1\)\n$", log)
+    (run_dir,) = (cwd / "runs").glob("CartPole-v1__ppo-CartPole-v1-trial2__1__*")
+    assert (run_dir / "PRUNED").read_text().startswith("pruned by benchmark/tune.py at step ")
+    assert list(run_dir.glob("events.out.tfevents*")), "the run's events are kept"
+
+
+def test_the_results_give_the_best_trials_the_command_and_optunas_figures(tiny_study):
+    cwd, output = tiny_study
+    results = (cwd / "tune" / "ppo-CartPole-v1" / "results.md").read_text()
+    assert results in output
+    assert "2 complete, 1 pruned, 0 failed" in results
+    rows = [line for line in results.splitlines() if re.match(r"\| \d+ \|", line)]
+    trials = load_study(cwd).get_trials()
+    best = max(trials[:2], key=lambda trial: trial.value)
+    assert rows[0].startswith(f"| {best.number} | {best.value:.4g} ± 0 | {best.params['learning-rate']:.4g} |")
+    assert len(rows) == 2, "the pruned trial has no row"
+    assert (f"python benchmark/run.py --env-ids CartPole-v1 --seeds 1 --command '{TINY} --learning-rate "
+            f"{best.params['learning-rate']}'") in results
+    for figure in ("optimization_history", "param_importances", "parallel_coordinate", "intermediate_values"):
+        png = cwd / "tune" / "ppo-CartPole-v1" / f"{figure}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", figure
+    assert f"optuna-dashboard sqlite:///{cwd}/tune/optuna.db" in output
+
+
+def test_the_same_command_again_continues_the_study_and_runs_no_trial_twice(tiny_study):
+    cwd, _ = tiny_study
+    logs = {path.name: path.read_text() for path in (cwd / "logs").glob("*.log")}
+    again = tuner(*STUDY, "--n-trials", "3", cwd=cwd)
+    assert again.returncode == 0, again.stderr
+    assert started_trials(again.stdout) == [] and "the study has 3 finished trials" in again.stdout
+    more = tuner(*STUDY, "--n-trials", "4", cwd=cwd)
+    assert more.returncode == 0, more.stderr
+    assert started_trials(more.stdout) == [3], "the enqueued trials are not queued again"
+    trials = load_study(cwd).get_trials()
+    assert len(trials) == 4 and trials[3].state in (TrialState.COMPLETE, TrialState.PRUNED)
+    assert {path.name: path.read_text() for path in (cwd / "logs").glob("*.log") if path.name in logs} == logs
+
+
+def test_a_study_is_not_continued_with_another_command(tiny_study):
+    cwd, _ = tiny_study
+    other = [*STUDY, "--n-trials", "5"]
+    other[other.index("--env-ids") - 1] = f"{TINY} --num-envs 2"
+    assert_user_error(tuner(*other, cwd=cwd), "study ppo-CartPole-v1 was made with another command",
+                      "give this search its own --study-name")
+
+
+def test_report_prints_the_results_of_a_study_without_running_anything(tiny_study):
+    cwd, _ = tiny_study
+    result = tuner("--report", "--study-name", "ppo-CartPole-v1", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    assert "# Study ppo-CartPole-v1" in result.stdout and "| trial |" in result.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input
+# ---------------------------------------------------------------------------------------------
+BASE = ["--command", TINY, "--env-ids", "CartPole-v1"]
+
+
+@pytest.mark.parametrize(
+    "arguments, fragment",
+    [
+        ([*BASE, "--param", "learning-rate=log:0:1e-3"], "a log range needs LOW > 0"),
+        ([*BASE, "--param", "learning-rate=float:1e-3:1e-5"], "LOW must be below HIGH"),
+        ([*BASE, "--param", "learning-rate=uniform:1:2"], "unknown kind 'uniform'"),
+        ([*BASE, "--param", "learning-rate=float:a:1"], "'a' is not a number"),
+        ([*BASE, "--param", "num-minibatches=choice:4,4"], "the choices must be distinct"),
+        ([*BASE, "--param", "learning-rate"], "use NAME=float:LOW:HIGH"),
+        ([*BASE, "--param", "learning-rate=log:1e-5:1e-3", "--n-trials", "0"], "--n-trials must be at least 1"),
+        ([*BASE], "no --param"),
+        ([*BASE, "--param", "learning-rate=log:1e-5:1e-3", "--storage", "postgresql://nobody@127.0.0.1:1/none"],
+         "cannot reach the storage postgresql://nobody@127.0.0.1:1/none"),
+        ([*BASE, "--param", "learning-rate=log:1e-5:1e-3", "--slurm"], "SQLite does not lock reliably"),
+        (["--command", f"{TINY} --seed 3", "--env-ids", "CartPole-v1", "--param", "ent-coef=float:0:0.1"],
+         "--command sets --seed"),
+    ],
+)
+def test_bad_input_is_a_one_line_error_before_any_trial(tmp_path, arguments, fragment):
+    assert_user_error(tuner(*arguments, cwd=tmp_path), fragment)
+    assert not (tmp_path / "logs").exists(), "no trial started"
+
+
+def test_a_parameter_that_is_not_a_flag_of_the_script_is_named_in_a_one_line_error(tmp_path):
+    for param, fragment in [("learning-rat=log:1e-5:1e-3", "cleanrl/ppo.py has no flag --learning-rat"),
+                            ("num-minibatches=float:1:8", "--num-minibatches takes an integer"),
+                            ("norm-adv=float:0:1", "is a boolean flag"),
+                            ("seed=int:1:9", "the tuner sets --seed itself")]:
+        result = tuner(*BASE, "--param", "learning-rate=log:1e-5:1e-3", "--param", param, cwd=tmp_path)
+        assert_user_error(result, fragment)
+    assert not (tmp_path / "logs").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Two tuners, one study, a real PostgreSQL server
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def postgresql():
+    if reason := postgresql_missing():
+        pytest.skip(reason)
+    with postgresql_server() as url:
+        yield url
+
+
+def start_tuner(*args: str, cwd) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, os.path.join(REPO_ROOT, "benchmark", "tune.py"), *args], cwd=cwd,
+                            env=subprocess_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_a_tuner_killed_mid_trial_has_its_trial_failed_and_retried_by_the_others(postgresql, tmp_path):
+    shared = ["--command", f"{PPO} --total-timesteps 2048", "--env-ids", "CartPole-v1", "--storage", postgresql,
+              "--param", "learning-rate=log:1e-4:1e-2", "--param", "num-minibatches=choice:2,4,8",
+              "--n-trials", "3", "--heartbeat-interval", "2", "--pruner", "none", *QUICK]
+    killed = start_tuner(*shared, cwd=tmp_path)
+    lines = []
+    for line in killed.stdout:  # until its first run has started
+        lines.append(line)
+        if match := re.search(r"started CartPole-v1__ppo-CartPole-v1-trial(\d+)__1 \(pid (\d+),", line):
+            break
+    killed_trial, killed_run = int(match[1]), int(match[2])
+    other = start_tuner(*shared, cwd=tmp_path)
+    time.sleep(3)
+    killed.kill()  # SIGKILL: no chance to tell the study anything
+    killed.wait()
+    deadline = time.time() + 10
+    while is_alive(killed_run) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not is_alive(killed_run), "the killed tuner's run got SIGKILL with it"
+    restarted = start_tuner(*shared, cwd=tmp_path)  # the same command again, beside the other
+    outputs = [process.communicate(timeout=300)[0] for process in (other, restarted)]
+    assert [other.returncode, restarted.returncode] == [0, 0], outputs
+
+    trials = optuna.load_study(study_name="ppo-CartPole-v1", storage=postgresql).get_trials()
+    assert trials[killed_trial].state == TrialState.FAIL
+    retries = [trial for trial in trials if RetryHeartbeatStaleTrialCallback.retried_trial_number(trial) == killed_trial]
+    assert len(retries) == 1 and retries[0].state == TrialState.COMPLETE
+    assert retries[0].params == trials[killed_trial].params
+    assert sum(trial.state == TrialState.COMPLETE for trial in trials) >= 3
+    # every trial ran in one tuner, once
+    started = started_trials("".join(lines)) + [number for output in outputs for number in started_trials(output)]
+    assert sorted(started) == sorted(set(started)) == [trial.number for trial in trials]
+    assert all(trial.state in (TrialState.COMPLETE, TrialState.FAIL) for trial in trials)
