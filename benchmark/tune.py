@@ -250,9 +250,6 @@ def check_params(params: list[Param], flags: dict[str, Flag], tokens: list[str],
                 name.startswith("no-") and flags.get(name[3:], Flag("", None)).kind == "bool"
             ):
                 fail(f"--command: {script} has no flag --{name} (see python {script} --help)")
-    for name in SET_BY_THE_TUNER:
-        if runner.option_value(tokens, f"--{name}") is not None or f"--{name}" in tokens:
-            fail(f"--command sets --{name}: the tuner sets it for each run of each trial; remove it")
     if "exp-name" not in flags:
         fail(f"{script} has no --exp-name flag: the tuner names each trial's runs with it")
 
@@ -1185,6 +1182,9 @@ def main():
     except ValueError as error:
         fail(f"cannot parse --command {cli.command!r}: {error}")
     script = tokens[script_of(tokens)]
+    for name in SET_BY_THE_TUNER:
+        if runner.option_value(tokens, f"--{name}") is not None or f"--{name}" in tokens:
+            fail(f"--command sets --{name}: the tuner sets it for each run of each trial; remove it")
     params = [parse_param(text) for text in cli.param]
     score_ranges = parse_score_ranges(cli.score_range, cli.env_ids)
     if len(set(cli.seeds)) != len(cli.seeds) or len(set(cli.env_ids)) != len(cli.env_ids):

@@ -139,6 +139,25 @@ def test_report_prints_the_results_of_a_study_without_running_anything(tiny_stud
 BASE = ["--command", TINY, "--env-ids", "CartPole-v1"]
 
 
+@pytest.fixture(scope="module")
+def tune():
+    """benchmark/tune.py imported in this process: the checks run here without a process each."""
+    sys.path.insert(0, os.path.join(REPO_ROOT, "benchmark"))
+    import tune
+
+    return tune
+
+
+def assert_fails_with(function, *fragments: str):
+    """function() stops with a one-line `error: ...` naming the problem (what the shell gets as stderr)."""
+    with pytest.raises(SystemExit) as exit_info:
+        function()
+    message = exit_info.value.code
+    assert isinstance(message, str) and message.startswith("error:") and "\n" not in message, message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
 @pytest.mark.parametrize(
     "arguments, fragment",
     [
@@ -155,20 +174,48 @@ BASE = ["--command", TINY, "--env-ids", "CartPole-v1"]
         ([*BASE, "--param", "learning-rate=log:1e-5:1e-3", "--slurm"], "SQLite does not lock reliably"),
         (["--command", f"{TINY} --seed 3", "--env-ids", "CartPole-v1", "--param", "ent-coef=float:0:0.1"],
          "--command sets --seed"),
+        ([*BASE, "Acrobot-v1", "--param", "ent-coef=float:0:0.1"], "CartPole-v1 needs --score-range CartPole-v1=LOW:HIGH"),
+        ([*BASE, "--param", "ent-coef=float:0:0.1", "--score-range", "CartPole-v1=500:0"], "LOW must be below HIGH"),
     ],
 )
-def test_bad_input_is_a_one_line_error_before_any_trial(tmp_path, arguments, fragment):
-    assert_user_error(tuner(*arguments, cwd=tmp_path), fragment)
+def test_bad_input_is_a_one_line_error_before_any_trial(tune, monkeypatch, tmp_path, arguments, fragment):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["tune.py", *arguments])
+    assert_fails_with(tune.main, fragment)
     assert not (tmp_path / "logs").exists(), "no trial started"
 
 
-def test_a_parameter_that_is_not_a_flag_of_the_script_is_named_in_a_one_line_error(tmp_path):
-    for param, fragment in [("learning-rat=log:1e-5:1e-3", "cleanrl/ppo.py has no flag --learning-rat"),
-                            ("num-minibatches=float:1:8", "--num-minibatches takes an integer"),
-                            ("norm-adv=float:0:1", "is a boolean flag"),
-                            ("seed=int:1:9", "the tuner sets --seed itself")]:
-        result = tuner(*BASE, "--param", "learning-rate=log:1e-5:1e-3", "--param", param, cwd=tmp_path)
-        assert_user_error(result, fragment)
+@pytest.fixture(scope="module")
+def ppo_flags(tune):
+    return tune.script_flags(TINY.split())
+
+
+@pytest.mark.parametrize(
+    "param, fragment",
+    [
+        ("learning-rat=log:1e-5:1e-3", "cleanrl/ppo.py has no flag --learning-rat (see python cleanrl/ppo.py --help)"),
+        ("num-minibatches=float:1:8", "--num-minibatches takes an integer"),
+        ("norm-adv=float:0:1", "--norm-adv is a boolean flag; use norm-adv=choice:true,false"),
+        ("norm-adv=choice:yes,no", "its choices are true and false"),
+        ("seed=int:1:9", "the tuner sets --seed itself"),
+        ("total-timesteps=int:1000:2000", "--command sets --total-timesteps too"),
+    ],
+)
+def test_a_parameter_is_checked_against_the_flags_of_the_scripts_help(tune, ppo_flags, param, fragment):
+    assert_fails_with(lambda: tune.check_params([tune.parse_param(param)], ppo_flags, TINY.split(), "cleanrl/ppo.py"),
+                      fragment)
+
+
+def test_the_scripts_help_gives_each_flags_type_and_default(ppo_flags):
+    assert (ppo_flags["learning-rate"].kind, ppo_flags["learning-rate"].default) == ("float", "0.00025")
+    assert (ppo_flags["num-minibatches"].kind, ppo_flags["total-timesteps"].default) == ("int", "500000")
+    assert ppo_flags["norm-adv"].kind == "bool" and ppo_flags["target-kl"].kind == "float"
+
+
+def test_an_unknown_flag_stops_the_tuner_with_one_line_before_any_trial(tmp_path):
+    result = tuner(*BASE, "--param", "learning-rate=log:1e-5:1e-3", "--param", "clip-coeff=float:0.1:0.3",
+                   cwd=tmp_path)
+    assert_user_error(result, "cleanrl/ppo.py has no flag --clip-coeff")
     assert not (tmp_path / "logs").exists()
 
 
