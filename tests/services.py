@@ -139,16 +139,17 @@ def slurm_cluster():
             time.sleep(0.5)
         yield {"SLURM_CONF": conf}
     finally:
-        for pid_file in pid_files:
+        pids = []
+        for pid_file in pid_files:  # all at once: each takes a few seconds to save its state and go
             try:
                 with open(pid_file) as f:
-                    pid = int(f.read().strip())
-                os.kill(pid, signal.SIGTERM)
-                deadline = time.time() + 20
-                while time.time() < deadline and os.path.exists(f"/proc/{pid}"):
-                    time.sleep(0.1)
+                    pids.append(int(f.read().strip()))
+                os.kill(pids[-1], signal.SIGTERM)
             except (OSError, ValueError):
                 pass
+        deadline = time.time() + 20
+        while time.time() < deadline and any(os.path.exists(f"/proc/{pid}") for pid in pids):
+            time.sleep(0.1)
         shutil.rmtree(folder, ignore_errors=True)
 
 
