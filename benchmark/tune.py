@@ -566,11 +566,32 @@ def interrupt_trials(study: optuna.Study, active: list[TrialRuns], stop_timeout:
         runner.stop(running, stop_timeout, display)
     retry = RetryHeartbeatStaleTrialCallback(max_retry=1)
     for trial_runs in active:
+        for run in trial_runs.runs:
+            run.lock.close()
+        if finished_elsewhere(study, trial_runs):
+            continue
         trial_runs.trial.set_user_attr("error", "interrupted (Ctrl-C or SIGTERM)")
         frozen = study.tell(trial_runs.trial, state=TrialState.FAIL)
         retry(study, frozen)
-        for run in trial_runs.runs:
-            run.lock.close()
+
+
+def finished_elsewhere(study: optuna.Study, trial_runs: TrialRuns) -> bool:
+    """Whether another tuner has ended this tuner's trial: it found no heartbeat for longer than the grace
+    period (this tuner stalled: a suspended machine, a storage out of reach) and failed it."""
+    return study.get_trials(deepcopy=False)[trial_runs.trial.number].state != TrialState.RUNNING
+
+
+def drop_trial(trial_runs: TrialRuns, stop_timeout: float, display):
+    """A trial that another tuner has failed (and queued again): its runs are stopped, its result is not reported."""
+    display.message(
+        f"trial {trial_runs.trial.number} was failed by another tuner (no heartbeat within the grace "
+        "period): stopping its runs; its retry runs as a trial of its own"
+    )
+    running = [run for run in trial_runs.runs if run.state == "running"]
+    if running:
+        runner.stop(running, stop_timeout, display)
+    for run in trial_runs.runs:
+        run.lock.close()
 
 
 def counts(study: optuna.Study) -> dict[TrialState, int]:
@@ -632,13 +653,18 @@ def work(study: optuna.Study, storage, setup: Setup, cli) -> int:
                             display.ended(run)
                 done = all(run.state != "running" for run in trial_runs.runs)
                 if done or time.time() - trial_runs.last_read >= cli.read_interval:
-                    prune = report_progress(study, setup, trial_runs)
-                    if done:  # finished: complete (or failed), whatever its last report made the pruner think
-                        complete_trial(study, setup, trial_runs, display)
-                    elif prune:
-                        prune_trial(study, trial_runs, cli.stop_timeout, display)
-                    else:
-                        continue
+                    try:
+                        prune = report_progress(study, setup, trial_runs)
+                        if done:  # finished: complete (or failed), whatever its last report made the pruner think
+                            complete_trial(study, setup, trial_runs, display)
+                        elif prune:
+                            prune_trial(study, trial_runs, cli.stop_timeout, display)
+                        else:
+                            continue
+                    except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+                        if not finished_elsewhere(study, trial_runs):
+                            raise
+                        drop_trial(trial_runs, cli.stop_timeout, display)
                     active.remove(trial_runs)
                     for run in trial_runs.runs:
                         live_runs.remove(run)
@@ -715,7 +741,8 @@ def results(study: optuna.Study, top: int, out_dir: str) -> str:
         f"The best, trial {best.number} ({params_text(best)}), on every env id and seed of the study:",
         "",
         "```bash",
-        f"python benchmark/run.py --env-ids {env_ids} --seeds {seeds} --command {shlex.quote(best.user_attrs['command'])}",
+        f"python benchmark/run.py --env-ids {env_ids} --seeds {seeds} --command "
+        f"{shlex.quote(best.user_attrs['command'])}",
         "```",
     ]
     lines += write_figures(study, out_dir)
@@ -727,12 +754,17 @@ def write_figures(study: optuna.Study, out_dir: str) -> list[str]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from optuna.importance import PedAnovaImportanceEvaluator
     from optuna.visualization import matplotlib as figures
 
     written, skipped = [], []
     for name, plot in [
         ("optimization_history", figures.plot_optimization_history),
-        ("param_importances", figures.plot_param_importances),
+        # PED-ANOVA, Optuna 5's default, named: Optuna 4's default (fANOVA) needs scikit-learn
+        (
+            "param_importances",
+            lambda study: figures.plot_param_importances(study, evaluator=PedAnovaImportanceEvaluator()),
+        ),
         ("parallel_coordinate", figures.plot_parallel_coordinate),
         ("intermediate_values", figures.plot_intermediate_values),
     ]:

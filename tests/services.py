@@ -50,8 +50,10 @@ def postgresql_server():
         as_postgres(f"{bin_dir}/createdb", "-h", "127.0.0.1", "-p", str(port), "optuna")
         yield f"postgresql://postgres@127.0.0.1:{port}/optuna"
     finally:
-        subprocess.run(["runuser", "-u", "postgres", "--", f"{bin_dir}/pg_ctl", "-D", data, "-m", "immediate", "-w",
-                        "stop"], capture_output=True)
+        subprocess.run(
+            ["runuser", "-u", "postgres", "--", f"{bin_dir}/pg_ctl", "-D", data, "-m", "immediate", "-w", "stop"],
+            capture_output=True,
+        )
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -116,15 +118,33 @@ def slurm_cluster():
     os.chmod(key, 0o400)
     conf = os.path.join(folder, "slurm.conf")
     with open(conf, "w") as f:
-        f.write(SLURM_CONF.format(host=host, folder=folder, controller_port=free_port(), node_port=free_port(),
-                                  cpus=os.cpu_count(), memory=memory_mib() * 3 // 4))
+        f.write(
+            SLURM_CONF.format(
+                host=host,
+                folder=folder,
+                controller_port=free_port(),
+                node_port=free_port(),
+                cpus=os.cpu_count(),
+                memory=memory_mib() * 3 // 4,
+            )
+        )
     environment = {**os.environ, "SLURM_CONF": conf}
     sbin = f"{os.environ.get('PATH', '')}:/usr/sbin"
     pid_files = [os.path.join(folder, name) for name in ("slurmd.pid", "slurmctld.pid", "munged.pid")]
     try:
-        subprocess.run([shutil.which("munged", path=sbin), f"--key-file={key}", f"--socket={folder}/munge.socket",
-                        f"--pid-file={folder}/munged.pid", f"--log-file={folder}/munged.log",
-                        f"--seed-file={folder}/munged.seed", "--force"], check=True, capture_output=True)
+        subprocess.run(
+            [
+                shutil.which("munged", path=sbin),
+                f"--key-file={key}",
+                f"--socket={folder}/munge.socket",
+                f"--pid-file={folder}/munged.pid",
+                f"--log-file={folder}/munged.log",
+                f"--seed-file={folder}/munged.seed",
+                "--force",
+            ],
+            check=True,
+            capture_output=True,
+        )
         subprocess.run([shutil.which("slurmctld", path=sbin), "-c"], env=environment, check=True, capture_output=True)
         subprocess.run([shutil.which("slurmd", path=sbin)], env=environment, check=True, capture_output=True)
         deadline = time.time() + 60
@@ -133,9 +153,14 @@ def slurm_cluster():
             if state.stdout.strip() == "idle":
                 break
             if time.time() > deadline:
-                logs = "".join(open(os.path.join(folder, log)).read()[-2000:]
-                               for log in ("slurmctld.log", "slurmd.log") if os.path.exists(os.path.join(folder, log)))
-                raise RuntimeError(f"the Slurm node is {state.stdout.strip() or state.stderr.strip()!r}, not idle:\n{logs}")
+                logs = "".join(
+                    open(os.path.join(folder, log)).read()[-2000:]
+                    for log in ("slurmctld.log", "slurmd.log")
+                    if os.path.exists(os.path.join(folder, log))
+                )
+                raise RuntimeError(
+                    f"the Slurm node is {state.stdout.strip() or state.stderr.strip()!r}, not idle:\n{logs}"
+                )
             time.sleep(0.5)
         yield {"SLURM_CONF": conf}
     finally:
@@ -157,8 +182,9 @@ def wait_for_slurm_jobs(environment: dict, timeout: float) -> None:
     """Returns when Slurm has no job left in its queue (every array task has ended)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        queue = subprocess.run(["squeue", "-h", "-o", "%i %T"], env={**os.environ, **environment}, capture_output=True,
-                               text=True)
+        queue = subprocess.run(
+            ["squeue", "-h", "-o", "%i %T"], env={**os.environ, **environment}, capture_output=True, text=True
+        )
         if queue.returncode == 0 and not queue.stdout.strip():
             return
         time.sleep(1)

@@ -1,33 +1,50 @@
-"""benchmark/tune.py, the Optuna tuner, on real trials of cleanrl/ppo.py (CartPole, 4,096 steps each): a
+"""benchmark/tune.py, the Optuna tuner, on real trials of cleanrl/ppo.py (CartPole, 2,048 steps each): a
 tiny study on 2 local workers whose median pruner must stop a deliberately bad trial, its results,
 continuing it, bad input; and two tuners sharing one study through a real PostgreSQL server, one of
 them SIGKILLed in the middle of a trial (tests/services.py starts the server)."""
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 
 import optuna
 import pytest
+from common import REPO_ROOT, assert_user_error, is_alive, run_tool, subprocess_environment
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
-
-from common import REPO_ROOT, assert_user_error, is_alive, run_tool, subprocess_environment
 from services import postgresql_missing, postgresql_server
 
+# RetryHeartbeatStaleTrialCallback and its helpers are "experimental" in Optuna (since 2.8).
+pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+
 PPO = f"{sys.executable} {os.path.join(REPO_ROOT, 'cleanrl', 'ppo.py')}"
-TINY = f"{PPO} --total-timesteps 4096"  # 8 iterations of 4 envs x 128 steps: about 10 s with start-up
+TINY = f"{PPO} --total-timesteps 2048"  # 4 iterations of 4 envs x 128 steps: a few seconds with start-up
 # Fast reads of the runs' events, no periodic status lines, and the returns of the last 20 games.
-QUICK = ["--window", "20", "--report-every", "1024", "--read-interval", "1", "--status-interval", "1000"]
-# Trials 0 and 1 learn (CartPole return about 45 at step 2,048 and 115 at 4,096 for seed 1); trial 2 has
-# learning rate 0 and stays at random play's 20 or so: once a good trial is complete, the median
-# pruner (after 1 complete trial) must stop it at one of its first reports.
-STUDY = ["--command", TINY, "--env-ids", "CartPole-v1", "--param", "learning-rate=float:0:0.01",
-         "--enqueue", "learning-rate=0.0025", "--enqueue", "learning-rate=0.003", "--enqueue", "learning-rate=0",
-         "--pruner-startup-trials", "1", "--workers", "2", *QUICK]
+QUICK = ["--window", "20", "--report-every", "512", "--read-interval", "1", "--status-interval", "1000"]
+# Trials 0 and 1 learn (seed 1: returns of about 22, 25, 35, 43 at steps 512 to 2,048); trial 2 has
+# learning rate 0 and stays at random play's 22 or so: once a good trial is complete, the median
+# pruner (after 1 complete trial) must stop it at step 1,024 or 1,536, before its end.
+STUDY = [
+    "--command",
+    TINY,
+    "--env-ids",
+    "CartPole-v1",
+    "--param",
+    "learning-rate=float:0:0.01",
+    "--enqueue",
+    "learning-rate=0.0025",
+    "--enqueue",
+    "learning-rate=0.003",
+    "--enqueue",
+    "learning-rate=0",
+    "--pruner-startup-trials",
+    "1",
+    "--workers",
+    "2",
+    *QUICK,
+]
 
 
 def tuner(*args: str, cwd, timeout: int = 300):
@@ -58,8 +75,8 @@ def test_a_tiny_study_completes_the_good_trials_and_prunes_the_bad_one(tiny_stud
     trials = load_study(cwd).get_trials()
     assert [trial.params["learning-rate"] for trial in trials] == [0.0025, 0.003, 0.0]
     assert [trial.state for trial in trials] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.PRUNED]
-    assert all(trial.value > 50 for trial in trials[:2]), [trial.value for trial in trials]
-    assert trials[2].value < 30, "a pruned trial's value is its last report: random play"
+    assert all(trial.value > 35 for trial in trials[:2]), [trial.value for trial in trials]
+    assert trials[2].value < 25, "a pruned trial's value is its last report: random play"
     assert "trial 2 pruned at step" in output
 
 
@@ -70,8 +87,10 @@ def test_two_trials_ran_at_once_each_with_its_share_of_the_cores(tiny_study):
     assert output.index("trial 1 started") < output.index("trial 0 complete")
     threads = max(1, len(os.sched_getaffinity(0)) // 2)
     log = (cwd / "logs" / "CartPole-v1__ppo-CartPole-v1-trial0__1.log").read_text()
-    assert log.startswith(f"# {TINY} --learning-rate 0.0025 --exp-name ppo-CartPole-v1-trial0 --env-id CartPole-v1 "
-                          f"--seed 1\n# OMP_NUM_THREADS={threads}, started ")
+    assert log.startswith(
+        f"# {TINY} --learning-rate 0.0025 --exp-name ppo-CartPole-v1-trial0 --env-id CartPole-v1 "
+        f"--seed 1\n# OMP_NUM_THREADS={threads}, started "
+    )
     assert log.splitlines()[-1].startswith("# exit 0 after "), "the runner's exit line ends the log"
 
 
@@ -79,7 +98,7 @@ def test_the_pruned_trial_was_stopped_midway_and_its_run_is_kept_and_marked(tiny
     cwd, _ = tiny_study
     log = (cwd / "logs" / "CartPole-v1__ppo-CartPole-v1-trial2__1.log").read_text()
     assert "KeyboardInterrupt" in log, "stopped like a Ctrl-C"
-    assert "finished 8 iterations" not in log, "it did not run to its end"
+    assert "finished 4 iterations" not in log, "it did not run to its end"
     assert re.search(r"# pruned by benchmark/tune.py at step \d+ \(trial 2 of ppo-CartPole-v1\)\n$", log)
     (run_dir,) = (cwd / "runs").glob("CartPole-v1__ppo-CartPole-v1-trial2__1__*")
     assert (run_dir / "PRUNED").read_text().startswith("pruned by benchmark/tune.py at step ")
@@ -96,8 +115,10 @@ def test_the_results_give_the_best_trials_the_command_and_optunas_figures(tiny_s
     best = max(trials[:2], key=lambda trial: trial.value)
     assert rows[0].startswith(f"| {best.number} | {best.value:.4g} ± 0 | {best.params['learning-rate']:.4g} |")
     assert len(rows) == 2, "the pruned trial has no row"
-    assert (f"python benchmark/run.py --env-ids CartPole-v1 --seeds 1 --command '{TINY} --learning-rate "
-            f"{best.params['learning-rate']}'") in results
+    assert (
+        f"python benchmark/run.py --env-ids CartPole-v1 --seeds 1 --command '{TINY} --learning-rate "
+        f"{best.params['learning-rate']}'"
+    ) in results
     for figure in ("optimization_history", "param_importances", "parallel_coordinate", "intermediate_values"):
         png = cwd / "tune" / "ppo-CartPole-v1" / f"{figure}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", figure
@@ -122,8 +143,11 @@ def test_a_study_is_not_continued_with_another_command(tiny_study):
     cwd, _ = tiny_study
     other = [*STUDY, "--n-trials", "5"]
     other[other.index("--env-ids") - 1] = f"{TINY} --num-envs 2"
-    assert_user_error(tuner(*other, cwd=cwd), "study ppo-CartPole-v1 was made with another command",
-                      "give this search its own --study-name")
+    assert_user_error(
+        tuner(*other, cwd=cwd),
+        "study ppo-CartPole-v1 was made with another command",
+        "give this search its own --study-name",
+    )
 
 
 def test_report_prints_the_results_of_a_study_without_running_anything(tiny_study):
@@ -169,12 +193,19 @@ def assert_fails_with(function, *fragments: str):
         ([*BASE, "--param", "learning-rate"], "use NAME=float:LOW:HIGH"),
         ([*BASE, "--param", "learning-rate=log:1e-5:1e-3", "--n-trials", "0"], "--n-trials must be at least 1"),
         ([*BASE], "no --param"),
-        ([*BASE, "--param", "learning-rate=log:1e-5:1e-3", "--storage", "postgresql://nobody@127.0.0.1:1/none"],
-         "cannot reach the storage postgresql://nobody@127.0.0.1:1/none"),
+        (
+            [*BASE, "--param", "learning-rate=log:1e-5:1e-3", "--storage", "postgresql://nobody@127.0.0.1:1/none"],
+            "cannot reach the storage postgresql://nobody@127.0.0.1:1/none",
+        ),
         ([*BASE, "--param", "learning-rate=log:1e-5:1e-3", "--slurm"], "SQLite does not lock reliably"),
-        (["--command", f"{TINY} --seed 3", "--env-ids", "CartPole-v1", "--param", "ent-coef=float:0:0.1"],
-         "--command sets --seed"),
-        ([*BASE, "Acrobot-v1", "--param", "ent-coef=float:0:0.1"], "CartPole-v1 needs --score-range CartPole-v1=LOW:HIGH"),
+        (
+            ["--command", f"{TINY} --seed 3", "--env-ids", "CartPole-v1", "--param", "ent-coef=float:0:0.1"],
+            "--command sets --seed",
+        ),
+        (
+            [*BASE, "Acrobot-v1", "--param", "ent-coef=float:0:0.1"],
+            "CartPole-v1 needs --score-range CartPole-v1=LOW:HIGH",
+        ),
         ([*BASE, "--param", "ent-coef=float:0:0.1", "--score-range", "CartPole-v1=500:0"], "LOW must be below HIGH"),
     ],
 )
@@ -202,8 +233,9 @@ def ppo_flags(tune):
     ],
 )
 def test_a_parameter_is_checked_against_the_flags_of_the_scripts_help(tune, ppo_flags, param, fragment):
-    assert_fails_with(lambda: tune.check_params([tune.parse_param(param)], ppo_flags, TINY.split(), "cleanrl/ppo.py"),
-                      fragment)
+    assert_fails_with(
+        lambda: tune.check_params([tune.parse_param(param)], ppo_flags, TINY.split(), "cleanrl/ppo.py"), fragment
+    )
 
 
 def test_the_scripts_help_gives_each_flags_type_and_default(ppo_flags):
@@ -213,8 +245,7 @@ def test_the_scripts_help_gives_each_flags_type_and_default(ppo_flags):
 
 
 def test_an_unknown_flag_stops_the_tuner_with_one_line_before_any_trial(tmp_path):
-    result = tuner(*BASE, "--param", "learning-rate=log:1e-5:1e-3", "--param", "clip-coeff=float:0.1:0.3",
-                   cwd=tmp_path)
+    result = tuner(*BASE, "--param", "learning-rate=log:1e-5:1e-3", "--param", "clip-coeff=float:0.1:0.3", cwd=tmp_path)
     assert_user_error(result, "cleanrl/ppo.py has no flag --clip-coeff")
     assert not (tmp_path / "logs").exists()
 
@@ -231,14 +262,36 @@ def postgresql():
 
 
 def start_tuner(*args: str, cwd) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, os.path.join(REPO_ROOT, "benchmark", "tune.py"), *args], cwd=cwd,
-                            env=subprocess_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, os.path.join(REPO_ROOT, "benchmark", "tune.py"), *args],
+        cwd=cwd,
+        env=subprocess_environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def test_a_tuner_killed_mid_trial_has_its_trial_failed_and_retried_by_the_others(postgresql, tmp_path):
-    shared = ["--command", f"{PPO} --total-timesteps 2048", "--env-ids", "CartPole-v1", "--storage", postgresql,
-              "--param", "learning-rate=log:1e-4:1e-2", "--param", "num-minibatches=choice:2,4,8",
-              "--n-trials", "3", "--heartbeat-interval", "2", "--pruner", "none", *QUICK]
+    shared = [
+        "--command",
+        f"{PPO} --total-timesteps 1024",
+        "--env-ids",
+        "CartPole-v1",
+        "--storage",
+        postgresql,
+        "--param",
+        "learning-rate=log:1e-4:1e-2",
+        "--param",
+        "num-minibatches=choice:2,4,8",
+        "--n-trials",
+        "3",
+        "--heartbeat-interval",
+        "2",
+        "--pruner",
+        "none",
+        *QUICK,
+    ]
     killed = start_tuner(*shared, cwd=tmp_path)
     lines = []
     for line in killed.stdout:  # until its first run has started
@@ -260,7 +313,9 @@ def test_a_tuner_killed_mid_trial_has_its_trial_failed_and_retried_by_the_others
 
     trials = optuna.load_study(study_name="ppo-CartPole-v1", storage=postgresql).get_trials()
     assert trials[killed_trial].state == TrialState.FAIL
-    retries = [trial for trial in trials if RetryHeartbeatStaleTrialCallback.retried_trial_number(trial) == killed_trial]
+    retries = [
+        trial for trial in trials if RetryHeartbeatStaleTrialCallback.retried_trial_number(trial) == killed_trial
+    ]
     assert len(retries) == 1 and retries[0].state == TrialState.COMPLETE
     assert retries[0].params == trials[killed_trial].params
     assert sum(trial.state == TrialState.COMPLETE for trial in trials) >= 3
