@@ -3,8 +3,10 @@ tiny study on 2 local workers whose median pruner must stop a deliberately bad t
 continuing it, bad input; and two tuners sharing one study through a real PostgreSQL server, one of
 them SIGKILLed in the middle of a trial (tests/services.py starts the server)."""
 
+import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -323,3 +325,40 @@ def test_a_tuner_killed_mid_trial_has_its_trial_failed_and_retried_by_the_others
     started = started_trials("".join(lines)) + [number for output in outputs for number in started_trials(output)]
     assert sorted(started) == sorted(set(started)) == [trial.number for trial in trials]
     assert all(trial.state in (TrialState.COMPLETE, TrialState.FAIL) for trial in trials)
+
+
+def test_aws_batch_is_one_array_job_of_tuners_of_the_study(postgresql):
+    # --dry-run: the SubmitJob request, checked against botocore's model of it; the study is made first.
+    # Run from the repository root, as the image's /app: the script's path in --command is relative.
+    result = tuner(
+        "--aws-batch",
+        "--array-tasks",
+        "3",
+        "--dry-run",
+        "--storage",
+        postgresql,
+        "--study-name",
+        "batch",
+        "--command",
+        "python cleanrl/ppo.py --total-timesteps 2048",
+        "--env-ids",
+        "CartPole-v1",
+        "--seeds",
+        "1",
+        "2",
+        "--param",
+        "learning-rate=log:1e-4:1e-2",
+        "--n-trials",
+        "12",
+        cwd=REPO_ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    request = json.loads(result.stdout.splitlines()[0])
+    assert request["arrayProperties"] == {"size": 3} and request["jobQueue"] == "cleanrl-queue"
+    command = request["containerOverrides"]["command"]
+    assert command[:6] == ["python", "benchmark/tune.py", "--study-name", "batch", "--storage", postgresql]
+    assert shlex.join(command[6:]) == (
+        "--command 'python cleanrl/ppo.py --total-timesteps 2048' --env-ids CartPole-v1 --seeds 1 2 "
+        "--param learning-rate=log:1e-4:1e-2 --n-trials 12 --report-every 204"
+    )
+    assert optuna.load_study(study_name="batch", storage=postgresql).user_attrs["seeds"] == [1, 2]
