@@ -570,9 +570,8 @@ def interrupt_trials(study: optuna.Study, active: list[TrialRuns], stop_timeout:
             run.lock.close()
         if finished_elsewhere(study, trial_runs):
             continue
-        trial_runs.trial.set_user_attr("error", "interrupted (Ctrl-C or SIGTERM)")
-        frozen = study.tell(trial_runs.trial, state=TrialState.FAIL)
-        retry(study, frozen)
+        # no "error" attribute: the retry gets a copy of the trial's attributes
+        retry(study, study.tell(trial_runs.trial, state=TrialState.FAIL))
 
 
 def finished_elsewhere(study: optuna.Study, trial_runs: TrialRuns) -> bool:
@@ -610,7 +609,6 @@ def work(study: optuna.Study, storage, setup: Setup, cli) -> int:
     for number in stop_signals:
         signal.signal(number, runner.raise_interrupted)
     last_beat = last_count = 0.0
-    ran = 0
     try:
         while True:
             now = time.time()
@@ -623,23 +621,22 @@ def work(study: optuna.Study, storage, setup: Setup, cli) -> int:
                 last_count = now
                 number = counts(study)
                 finished = sum(number[state] for state in FINISHED)
-                if finished >= cli.n_trials:
-                    if not active:
-                        display.message(f"the study has {finished} finished trials (--n-trials {cli.n_trials})")
-                        return 0
-                elif number[TrialState.FAIL] >= max(cli.n_trials, 3) and not active:
+                failing = number[TrialState.FAIL] >= max(cli.n_trials, 3)  # a broken command: stop sampling
+                if finished >= cli.n_trials and not active:
+                    display.message(f"the study has {finished} finished trials (--n-trials {cli.n_trials})")
+                    return 0
+                if failing and not active:
                     print(
-                        f"error: {number[TrialState.FAIL]} trials of study {study.study_name} failed: see the logs "
-                        "of the last ones (python benchmark/tune.py --report ...)",
+                        f"error: {number[TrialState.FAIL]} trials of study {study.study_name} failed: read the logs "
+                        "of the last ones (their error in python benchmark/tune.py --report ...)",
                         file=sys.stderr,
                         flush=True,
                     )
                     return 1
-                elif finished + number[TrialState.RUNNING] < cli.n_trials:
+                if not failing and finished + number[TrialState.RUNNING] < cli.n_trials:
                     trial_runs = start_trial(study, storage, setup, cli.workers, display)
                     active.append(trial_runs)
                     live_runs.extend(trial_runs.runs)
-                    ran += 1
                     last_count = 0.0  # another slot may be free: look again at once
                     continue
                 # else: the other tuners' trials make up the rest; wait in case one of their tuners dies
@@ -691,6 +688,18 @@ def params_text(trial) -> str:
     )
 
 
+def objective_text(definition: dict) -> str:
+    """What the objective is, in words, from the study's definition."""
+    ranges = definition.get("score_ranges") or {}
+    normalized = ", ".join(f"{env}: [{low:g}, {high:g}]" for env, (low, high) in ranges.items())
+    return (
+        f"Objective: the mean over seeds {definition.get('seeds')} of each run's mean return of its last "
+        f"{definition.get('window')} games"
+        + (f", normalized per env id by {normalized}" if ranges else "")
+        + f", on {', '.join(definition.get('env_ids', []))}."
+    )
+
+
 def results(study: optuna.Study, top: int, out_dir: str) -> str:
     """The table of the best trials and the command that reproduces the best one (markdown), and
     Optuna's figures as PNG in out_dir."""
@@ -701,15 +710,7 @@ def results(study: optuna.Study, top: int, out_dir: str) -> str:
         "",
         f"{number[TrialState.COMPLETE]} complete, {number[TrialState.PRUNED]} pruned, "
         f"{number[TrialState.FAIL]} failed, {number[TrialState.RUNNING]} running trial(s). "
-        f"Objective: the mean over seeds {definition.get('seeds')} of each run's mean return of its last "
-        f"{definition.get('window')} games"
-        + (
-            ", normalized per env id by "
-            + ", ".join(f"{env}: [{low:g}, {high:g}]" for env, (low, high) in definition["score_ranges"].items())
-            if definition.get("score_ranges")
-            else ""
-        )
-        + f", on {', '.join(definition.get('env_ids', []))}.",
+        + objective_text(definition),
         "",
     ]
     complete = sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: -t.value)
