@@ -320,3 +320,22 @@ def test_aws_batch_is_one_array_job_of_tuners_of_the_study(postgresql):
         "--param learning-rate=log:1e-4:1e-2 --n-trials 12 --report-every 204"
     )
     assert optuna.load_study(study_name="batch", storage=postgresql).user_attrs["seeds"] == [1, 2]
+
+
+def test_the_docs_arguments_table_names_every_flag_of_the_tuner(tune):
+    flags = {
+        flag
+        for action in tune.make_parser()._actions
+        for flag in action.option_strings
+        if flag.startswith("--") and flag != "--help"
+    }
+    with open(os.path.join(REPO_ROOT, "docs", "tuning.md")) as f:
+        table = f.read().split("## Arguments", 1)[1].split("\n## ", 1)[0]
+    rows = {
+        flag
+        for line in table.splitlines()
+        if line.startswith("| `")
+        for flag in re.findall(r"`(--[\w-]+)`", line.split(" | ")[0])
+    }
+    assert sorted(flags - rows) == [], "docs/tuning.md's Arguments table lacks these flags"
+    assert sorted(rows - flags) == [], "docs/tuning.md's Arguments table names flags the tuner does not have"
