@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -146,6 +147,34 @@ def test_report_prints_the_results_of_a_study_without_running_anything(tiny_stud
     assert "# Study ppo-CartPole-v1" in result.stdout and "| trial |" in result.stdout
 
 
+def first_run_started(process: subprocess.Popen) -> tuple[int, int, str]:
+    """Reads a tuner's output until its first run has started: (trial number, the run's pid, what it read)."""
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if match := re.search(r"started CartPole-v1__ppo-CartPole-v1-trial(\d+)__1 \(pid (\d+),", line):
+            return int(match[1]), int(match[2]), "".join(lines)
+    raise AssertionError("".join(lines))
+
+
+def test_sigterm_stops_the_runs_cleanly_and_queues_the_trial_again(tmp_path):
+    process = start_tuner(
+        "--command", f"{PPO} --total-timesteps 100000", "--env-ids", "CartPole-v1",
+        "--param", "learning-rate=log:1e-4:1e-2", "--n-trials", "1", *QUICK, cwd=tmp_path,
+    )  # fmt: skip
+    _, run_pid, _ = first_run_started(process)
+    time.sleep(2)
+    process.send_signal(signal.SIGTERM)  # a scheduler's stop, a kill: as Ctrl-C
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 130, output
+    assert output.strip().splitlines()[-1] == "error: interrupted: stopped trial(s) 0 (failed, and queued to run again)"
+    assert not is_alive(run_pid)
+    assert "KeyboardInterrupt" in (tmp_path / "logs" / "CartPole-v1__ppo-CartPole-v1-trial0__1.log").read_text()
+    trials = load_study(tmp_path).get_trials()
+    assert [trial.state for trial in trials] == [TrialState.FAIL, TrialState.WAITING]
+    assert trials[1].params == trials[0].params, "the same command again runs it first"
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad input
 # ---------------------------------------------------------------------------------------------
@@ -269,13 +298,7 @@ def test_a_tuner_killed_mid_trial_has_its_trial_failed_and_retried_by_the_others
         *QUICK,
     ]  # fmt: skip
     killed = start_tuner(*shared, cwd=tmp_path)
-    lines, match = [], None
-    for line in killed.stdout:  # until its first run has started
-        lines.append(line)
-        if match := re.search(r"started CartPole-v1__ppo-CartPole-v1-trial(\d+)__1 \(pid (\d+),", line):
-            break
-    assert match, "".join(lines)
-    killed_trial, killed_run = int(match[1]), int(match[2])
+    killed_trial, killed_run, killed_output = first_run_started(killed)
     time.sleep(1)  # its run is starting (a second of a few): the trial is running
     killed.kill()  # SIGKILL: no chance to tell the study anything
     killed.wait()
@@ -297,7 +320,7 @@ def test_a_tuner_killed_mid_trial_has_its_trial_failed_and_retried_by_the_others
     assert retries[0].params == trials[killed_trial].params
     assert sum(trial.state == TrialState.COMPLETE for trial in trials) >= 2
     # every trial ran in one tuner, once
-    started = started_trials("".join(lines)) + [number for output in outputs for number in started_trials(output)]
+    started = started_trials(killed_output) + [number for output in outputs for number in started_trials(output)]
     assert sorted(started) == sorted(set(started)) == [trial.number for trial in trials]
     assert all(trial.state in (TrialState.COMPLETE, TrialState.FAIL) for trial in trials)
 
