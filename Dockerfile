@@ -32,9 +32,11 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY cloud/constraints.txt cloud/
 RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}" \
-    && pip install --no-cache-dir --constraint cloud/constraints.txt "${JAX_PACKAGE}==${JAX_VERSION}" ".[envpool,jax,mujoco,cloud]"
+    && pip install --no-cache-dir --constraint cloud/constraints.txt "${JAX_PACKAGE}==${JAX_VERSION}" ".[envpool,jax,mujoco,cloud,benchmark,tune]"
 COPY cleanrl/ cleanrl/
 COPY cloud/ cloud/
+# benchmark/tune.py: an AWS Batch array job of tuners (docs/tuning.md) runs it from here.
+COPY benchmark/*.py benchmark/slurm_template.sh benchmark/
 
 # Not root. The scripts stay root's (read-only); the user writes runs/, videos/ and wandb/ in /app.
 # On Batch, runs/ is the job's EFS volume (cloud/examples/job_definition.json).

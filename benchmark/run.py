@@ -48,6 +48,7 @@ it with sbatch when sbatch is on PATH.
 """
 
 import argparse
+import ctypes
 import fcntl
 import glob
 import os
@@ -223,7 +224,10 @@ def machine() -> str:
     return f"{platform.node()}, {cpu_model()}, {os.cpu_count()} cpus"
 
 
-def start(run: Run, log_dir: str, threads: int):
+def start(run: Run, log_dir: str, threads: int, dies_with_runner: bool = False):
+    """Starts the run in a session of its own, its output in LOG_DIR/{name}.log. With dies_with_runner
+    (benchmark/tune.py), the run's process gets SIGKILL from Linux when the runner dies: a trial whose
+    tuner was killed cannot report to its study any more, and its retry must not share the cores with it."""
     run.log_path = os.path.join(log_dir, f"{run.name}.log")
     # A run that resumes itself keeps the log of its earlier attempts (their checkpoints, a
     # traceback) and adds this one's; --skip-done reads the first and the last line.
@@ -242,9 +246,21 @@ def start(run: Run, log_dir: str, threads: int):
             ["bash", "-c", run.command], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             env={**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}, start_new_session=True,
             pass_fds=(run.lock.fileno(),),  # the run holds its lock for as long as it lives, runner or not
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            preexec_fn=lambda: reset_signals(dies_with_runner),
         )
     run.state, run.started = "running", time.time()
+
+
+def reset_signals(dies_with_runner: bool):
+    """In the run's process, before it execs: SIGINT at its default; with dies_with_runner, a SIGKILL
+    when the runner's thread that started it ends (prctl PR_SET_PDEATHSIG, kept across exec; bash -c
+    execs a single command, so the script itself gets it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if dies_with_runner:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+PR_SET_PDEATHSIG = 1  # from linux/prctl.h
 
 
 def read_progress(run: Run):

@@ -1,7 +1,7 @@
 #!/bin/bash
 # An sbatch array job rendered by benchmark/run.py --slurm from benchmark/slurm_template.sh:
-# array task k runs commands[k] (one per command x env id x seed) and writes its output to
-# LOG_DIR/names[k].log. Submit it with `sbatch THIS_FILE`.
+# array task k runs commands[k] (one per command x env id x seed; for benchmark/tune.py --slurm, one
+# tuner of the study) and writes its output to LOG_DIR/names[k].log. Submit it with `sbatch THIS_FILE`.
 #SBATCH --job-name={{job_name}}
 #SBATCH --array={{array}}
 #SBATCH --cpus-per-task={{cpus_per_task}}

@@ -617,7 +617,7 @@ def test_the_image_has_a_cpu_base_by_default_and_takes_the_base_as_a_build_argum
 def test_the_image_installs_the_project_with_its_extras_and_runs_as_a_user():
     instructions = dockerfile()
     runs = " ".join(args for instruction, args in instructions if instruction == "RUN")
-    assert '".[envpool,jax,mujoco,cloud]"' in runs and '"torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"' in runs
+    assert '".[envpool,jax,mujoco,cloud,benchmark,tune]"' in runs and '"torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"' in runs
     user = [args for instruction, args in instructions if instruction == "USER"][-1]
     assert user.split(":")[0] not in ("root", "0")
     assert f"--uid {user.split(':')[0]}" in runs

@@ -1,0 +1,364 @@
+"""benchmark/tune.py, the Optuna tuner, on real trials of cleanrl/ppo.py (CartPole, 2,048 steps each): a
+tiny study on 2 local workers whose median pruner must stop a deliberately bad trial, its results,
+continuing it, bad input; and two tuners sharing one study through a real PostgreSQL server, one of
+them SIGKILLed in the middle of a trial (tests/services.py starts the server)."""
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+from common import REPO_ROOT, assert_user_error, is_alive, run_tool, subprocess_environment
+from optuna.storages import RetryHeartbeatStaleTrialCallback
+from optuna.trial import TrialState
+from services import postgresql_missing, postgresql_server
+
+# RetryHeartbeatStaleTrialCallback and its helpers are "experimental" in Optuna (since 2.8).
+pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+
+PPO = f"{sys.executable} {os.path.join(REPO_ROOT, 'cleanrl', 'ppo.py')}"
+TINY = f"{PPO} --total-timesteps 2048"  # 4 iterations of 4 envs x 128 steps: a few seconds with start-up
+# Fast reads of the runs' events, no periodic status lines, and the returns of the last 20 games.
+QUICK = ["--window", "20", "--report-every", "512", "--read-interval", "1", "--status-interval", "1000"]
+# Trials 0 and 1 learn (seed 1: returns of about 22, 25, 35, 43 at steps 512 to 2,048); trial 2 has
+# learning rate 0 and stays at random play's 22 or so: once a good trial is complete, the median
+# pruner (after 1 complete trial) must stop it at step 1,024 or 1,536, before its end.
+STUDY = [
+    "--command", TINY,
+    *"--env-ids CartPole-v1 --param learning-rate=float:0:0.01 --pruner-startup-trials 1 --workers 2".split(),
+    *"--enqueue learning-rate=0.0025 --enqueue learning-rate=0.003 --enqueue learning-rate=0".split(),
+    *QUICK,
+]  # fmt: skip
+
+
+def tuner(*args: str, cwd, timeout: int = 300):
+    return run_tool("tune.py", *args, cwd=cwd, timeout=timeout)
+
+
+def load_study(cwd, name: str = "ppo-CartPole-v1", storage: str | None = None) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=storage or f"sqlite:///{cwd}/tune/optuna.db")
+
+
+def started_trials(output: str) -> list[int]:
+    return [int(number) for number in re.findall(r"\] trial (\d+) started", output)]
+
+
+# ---------------------------------------------------------------------------------------------
+# A tiny study on two local workers
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_study(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("tiny_study")
+    result = tuner(*STUDY, "--n-trials", "3", cwd=cwd)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return cwd, result.stdout
+
+
+def test_a_tiny_study_completes_the_good_trials_and_prunes_the_bad_one(tiny_study):
+    cwd, output = tiny_study
+    trials = load_study(cwd).get_trials()
+    assert [trial.params["learning-rate"] for trial in trials] == [0.0025, 0.003, 0.0]
+    assert [trial.state for trial in trials] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.PRUNED]
+    assert all(trial.value > 35 for trial in trials[:2]), [trial.value for trial in trials]
+    assert trials[2].value < 25, "a pruned trial's value is its last report: random play"
+    assert "trial 2 pruned at step" in output
+
+
+def test_two_trials_ran_at_once_each_with_its_share_of_the_cores(tiny_study):
+    cwd, output = tiny_study
+    assert started_trials(output) == [0, 1, 2]
+    # trials 0 and 1 both started before either ended
+    assert output.index("trial 1 started") < output.index("trial 0 complete")
+    threads = max(1, len(os.sched_getaffinity(0)) // 2)
+    log = (cwd / "logs" / "CartPole-v1__ppo-CartPole-v1-trial0__1.log").read_text()
+    assert log.startswith(
+        f"# {TINY} --learning-rate 0.0025 --exp-name ppo-CartPole-v1-trial0 --env-id CartPole-v1 "
+        f"--seed 1\n# OMP_NUM_THREADS={threads}, started "
+    )
+    assert log.splitlines()[-1].startswith("# exit 0 after "), "the runner's exit line ends the log"
+
+
+def test_the_pruned_trial_was_stopped_midway_and_its_run_is_kept_and_marked(tiny_study):
+    cwd, _ = tiny_study
+    log = (cwd / "logs" / "CartPole-v1__ppo-CartPole-v1-trial2__1.log").read_text()
+    assert "KeyboardInterrupt" in log, "stopped like a Ctrl-C"
+    assert "finished 4 iterations" not in log, "it did not run to its end"
+    assert re.search(r"# pruned by benchmark/tune.py at step \d+ \(trial 2 of ppo-CartPole-v1\)\n$", log)
+    (run_dir,) = (cwd / "runs").glob("CartPole-v1__ppo-CartPole-v1-trial2__1__*")
+    assert (run_dir / "PRUNED").read_text().startswith("pruned by benchmark/tune.py at step ")
+    assert list(run_dir.glob("events.out.tfevents*")), "the run's events are kept"
+
+
+def test_the_results_give_the_best_trials_the_command_and_optunas_figures(tiny_study):
+    cwd, output = tiny_study
+    results = (cwd / "tune" / "ppo-CartPole-v1" / "results.md").read_text()
+    assert results in output
+    assert "2 complete, 1 pruned, 0 failed" in results
+    rows = [line for line in results.splitlines() if re.match(r"\| \d+ \|", line)]
+    trials = load_study(cwd).get_trials()
+    best = max(trials[:2], key=lambda trial: trial.value)
+    assert rows[0].startswith(f"| {best.number} | {best.value:.4g} ± 0 | {best.params['learning-rate']:.4g} |")
+    assert len(rows) == 2, "the pruned trial has no row"
+    assert (
+        f"python benchmark/run.py --env-ids CartPole-v1 --seeds 1 --command '{TINY} --learning-rate "
+        f"{best.params['learning-rate']}'"
+    ) in results
+    for figure in ("optimization_history", "param_importances", "parallel_coordinate", "intermediate_values"):
+        png = cwd / "tune" / "ppo-CartPole-v1" / f"{figure}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", figure
+    assert f"optuna-dashboard sqlite:///{cwd}/tune/optuna.db" in output
+
+
+def test_the_same_command_again_continues_the_study_and_runs_no_trial_twice(tiny_study):
+    cwd, _ = tiny_study
+    logs = {path.name: path.read_text() for path in (cwd / "logs").glob("*.log")}
+    again = tuner(*STUDY, "--n-trials", "3", cwd=cwd)
+    assert again.returncode == 0, again.stderr
+    assert started_trials(again.stdout) == [] and "the study has 3 finished trials" in again.stdout
+    more = tuner(*STUDY, "--n-trials", "4", cwd=cwd)
+    assert more.returncode == 0, more.stderr
+    assert started_trials(more.stdout) == [3], "the enqueued trials are not queued again"
+    trials = load_study(cwd).get_trials()
+    assert len(trials) == 4 and trials[3].state in (TrialState.COMPLETE, TrialState.PRUNED)
+    assert {path.name: path.read_text() for path in (cwd / "logs").glob("*.log") if path.name in logs} == logs
+
+
+def test_a_study_is_not_continued_with_another_command(tiny_study):
+    cwd, _ = tiny_study
+    other = [*STUDY, "--n-trials", "5"]
+    other[other.index("--env-ids") - 1] = f"{TINY} --num-envs 2"
+    assert_user_error(
+        tuner(*other, cwd=cwd),
+        "study ppo-CartPole-v1 was made with another command",
+        "give this search its own --study-name",
+    )
+
+
+def test_report_prints_the_results_of_a_study_without_running_anything(tiny_study):
+    cwd, _ = tiny_study
+    result = tuner("--report", "--study-name", "ppo-CartPole-v1", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    assert "# Study ppo-CartPole-v1" in result.stdout and "| trial |" in result.stdout
+
+
+def first_run_started(process: subprocess.Popen) -> tuple[int, int, str]:
+    """Reads a tuner's output until its first run has started: (trial number, the run's pid, what it read)."""
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if match := re.search(r"started CartPole-v1__ppo-CartPole-v1-trial(\d+)__1 \(pid (\d+),", line):
+            return int(match[1]), int(match[2]), "".join(lines)
+    raise AssertionError("".join(lines))
+
+
+def test_sigterm_stops_the_runs_cleanly_and_queues_the_trial_again(tmp_path):
+    process = start_tuner(
+        "--command", f"{PPO} --total-timesteps 100000", "--env-ids", "CartPole-v1",
+        "--param", "learning-rate=log:1e-4:1e-2", "--n-trials", "1", *QUICK, cwd=tmp_path,
+    )  # fmt: skip
+    _, run_pid, _ = first_run_started(process)
+    time.sleep(2)
+    process.send_signal(signal.SIGTERM)  # a scheduler's stop, a kill: as Ctrl-C
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 130, output
+    assert output.strip().splitlines()[-1] == "error: interrupted: stopped trial(s) 0 (failed, and queued to run again)"
+    assert not is_alive(run_pid)
+    assert "KeyboardInterrupt" in (tmp_path / "logs" / "CartPole-v1__ppo-CartPole-v1-trial0__1.log").read_text()
+    trials = load_study(tmp_path).get_trials()
+    assert [trial.state for trial in trials] == [TrialState.FAIL, TrialState.WAITING]
+    assert trials[1].params == trials[0].params, "the same command again runs it first"
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input
+# ---------------------------------------------------------------------------------------------
+BASE = ["--command", TINY, "--env-ids", "CartPole-v1"]
+
+
+@pytest.fixture(scope="module")
+def tune():
+    """benchmark/tune.py imported in this process: the checks run here without a process each."""
+    sys.path.insert(0, os.path.join(REPO_ROOT, "benchmark"))
+    import tune
+
+    return tune
+
+
+def assert_fails_with(function, *fragments: str):
+    """function() stops with a one-line `error: ...` naming the problem (what the shell gets as stderr)."""
+    with pytest.raises(SystemExit) as exit_info:
+        function()
+    message = exit_info.value.code
+    assert isinstance(message, str) and message.startswith("error:") and "\n" not in message, message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+@pytest.mark.parametrize(
+    "arguments, fragment",
+    [
+        ([*BASE, "--param", "learning-rate=log:0:1e-3"], "a log range needs LOW > 0"),
+        ([*BASE, "--param", "learning-rate=float:1e-3:1e-5"], "LOW must be below HIGH"),
+        ([*BASE, "--param", "learning-rate=uniform:1:2"], "unknown kind 'uniform'"),
+        ([*BASE, "--param", "learning-rate=float:a:1"], "'a' is not a number"),
+        ([*BASE, "--param", "num-minibatches=choice:4,4"], "the choices must be distinct"),
+        ([*BASE, "--param", "learning-rate"], "use NAME=float:LOW:HIGH"),
+        ([*BASE, "--param", "learning-rate=log:1e-5:1e-3", "--n-trials", "0"], "--n-trials must be at least 1"),
+        ([*BASE], "no --param"),
+        (
+            [*BASE, "--param", "learning-rate=log:1e-5:1e-3", "--storage", "postgresql://nobody@127.0.0.1:1/none"],
+            "cannot reach the storage postgresql://nobody@127.0.0.1:1/none",
+        ),
+        ([*BASE, "--param", "learning-rate=log:1e-5:1e-3", "--slurm"], "SQLite does not lock reliably"),
+        (
+            ["--command", f"{TINY} --seed 3", "--env-ids", "CartPole-v1", "--param", "ent-coef=float:0:0.1"],
+            "--command sets --seed",
+        ),
+        (
+            [*BASE, "Acrobot-v1", "--param", "ent-coef=float:0:0.1"],
+            "CartPole-v1 needs --score-range CartPole-v1=LOW:HIGH",
+        ),
+        ([*BASE, "--param", "ent-coef=float:0:0.1", "--score-range", "CartPole-v1=500:0"], "LOW must be below HIGH"),
+    ],
+)
+def test_bad_input_is_a_one_line_error_before_any_trial(tune, monkeypatch, tmp_path, arguments, fragment):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["tune.py", *arguments])
+    assert_fails_with(tune.main, fragment)
+    assert not (tmp_path / "logs").exists(), "no trial started"
+
+
+@pytest.fixture(scope="module")
+def ppo_flags(tune):
+    return tune.script_flags(TINY.split())
+
+
+@pytest.mark.parametrize(
+    "param, fragment",
+    [
+        ("learning-rat=log:1e-5:1e-3", "cleanrl/ppo.py has no flag --learning-rat (see python cleanrl/ppo.py --help)"),
+        ("num-minibatches=float:1:8", "--num-minibatches takes an integer"),
+        ("norm-adv=float:0:1", "--norm-adv is a boolean flag; use norm-adv=choice:true,false"),
+        ("norm-adv=choice:yes,no", "its choices are true and false"),
+        ("seed=int:1:9", "the tuner sets --seed itself"),
+        ("total-timesteps=int:1000:2000", "--command sets --total-timesteps too"),
+    ],
+)
+def test_a_parameter_is_checked_against_the_flags_of_the_scripts_help(tune, ppo_flags, param, fragment):
+    assert_fails_with(
+        lambda: tune.check_params([tune.parse_param(param)], ppo_flags, TINY.split(), "cleanrl/ppo.py"), fragment
+    )
+
+
+def test_the_scripts_help_gives_each_flags_type_and_default(ppo_flags):
+    assert (ppo_flags["learning-rate"].kind, ppo_flags["learning-rate"].default) == ("float", "0.00025")
+    assert (ppo_flags["num-minibatches"].kind, ppo_flags["total-timesteps"].default) == ("int", "500000")
+    assert ppo_flags["norm-adv"].kind == "bool" and ppo_flags["target-kl"].kind == "float"
+
+
+def test_an_unknown_flag_stops_the_tuner_with_one_line_before_any_trial(tmp_path):
+    result = tuner(*BASE, "--param", "learning-rate=log:1e-5:1e-3", "--param", "clip-coeff=float:0.1:0.3", cwd=tmp_path)
+    assert_user_error(result, "cleanrl/ppo.py has no flag --clip-coeff")
+    assert not (tmp_path / "logs").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Two tuners, one study, a real PostgreSQL server
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def postgresql():
+    if reason := postgresql_missing():
+        pytest.skip(reason)
+    with postgresql_server() as url:
+        yield url
+
+
+def start_tuner(*args: str, cwd) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, os.path.join(REPO_ROOT, "benchmark", "tune.py"), *args],
+        cwd=cwd,
+        env=subprocess_environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_a_tuner_killed_mid_trial_has_its_trial_failed_and_retried_by_the_others(postgresql, tmp_path):
+    shared = [
+        "--command", f"{PPO} --total-timesteps 1024", "--storage", postgresql,
+        *"--env-ids CartPole-v1 --param learning-rate=log:1e-4:1e-2 --param num-minibatches=choice:2,4,8".split(),
+        *"--n-trials 2 --heartbeat-interval 3 --pruner none".split(),
+        *QUICK,
+    ]  # fmt: skip
+    killed = start_tuner(*shared, cwd=tmp_path)
+    killed_trial, killed_run, killed_output = first_run_started(killed)
+    time.sleep(1)  # its run is starting (a second of a few): the trial is running
+    killed.kill()  # SIGKILL: no chance to tell the study anything
+    killed.wait()
+    other = start_tuner(*shared, cwd=tmp_path)
+    deadline = time.time() + 10
+    while is_alive(killed_run) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not is_alive(killed_run), "the killed tuner's run got SIGKILL with it"
+    restarted = start_tuner(*shared, cwd=tmp_path)  # the same command again, beside the other
+    outputs = [process.communicate(timeout=300)[0] for process in (other, restarted)]
+    assert [other.returncode, restarted.returncode] == [0, 0], outputs
+
+    trials = optuna.load_study(study_name="ppo-CartPole-v1", storage=postgresql).get_trials()
+    assert trials[killed_trial].state == TrialState.FAIL
+    retries = [
+        trial for trial in trials if RetryHeartbeatStaleTrialCallback.retried_trial_number(trial) == killed_trial
+    ]
+    assert len(retries) == 1 and retries[0].state == TrialState.COMPLETE
+    assert retries[0].params == trials[killed_trial].params
+    assert sum(trial.state == TrialState.COMPLETE for trial in trials) >= 2
+    # every trial ran in one tuner, once
+    started = started_trials(killed_output) + [number for output in outputs for number in started_trials(output)]
+    assert sorted(started) == sorted(set(started)) == [trial.number for trial in trials]
+    assert all(trial.state in (TrialState.COMPLETE, TrialState.FAIL) for trial in trials)
+
+
+def test_aws_batch_is_one_array_job_of_tuners_of_the_study(postgresql):
+    # --dry-run: the SubmitJob request, checked against botocore's model of it; the study is made first.
+    # Run from the repository root, as the image's /app: the script's path in --command is relative.
+    result = tuner(
+        "--aws-batch", "--array-tasks", "3", "--dry-run", "--storage", postgresql, "--study-name", "batch",
+        "--command", "python cleanrl/ppo.py --total-timesteps 2048", "--env-ids", "CartPole-v1", "--seeds", "1", "2",
+        "--param", "learning-rate=log:1e-4:1e-2", "--n-trials", "12", cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    request = json.loads(result.stdout.splitlines()[0])
+    assert request["arrayProperties"] == {"size": 3} and request["jobQueue"] == "cleanrl-queue"
+    command = request["containerOverrides"]["command"]
+    assert command[:6] == ["python", "benchmark/tune.py", "--study-name", "batch", "--storage", postgresql]
+    assert shlex.join(command[6:]) == (
+        "--command 'python cleanrl/ppo.py --total-timesteps 2048' --env-ids CartPole-v1 --seeds 1 2 "
+        "--param learning-rate=log:1e-4:1e-2 --n-trials 12 --report-every 204"
+    )
+    assert optuna.load_study(study_name="batch", storage=postgresql).user_attrs["seeds"] == [1, 2]
+
+
+def test_the_docs_arguments_table_names_every_flag_of_the_tuner(tune):
+    flags = {
+        flag
+        for action in tune.make_parser()._actions
+        for flag in action.option_strings
+        if flag.startswith("--") and flag != "--help"
+    }
+    with open(os.path.join(REPO_ROOT, "docs", "tuning.md")) as f:
+        table = f.read().split("## Arguments", 1)[1].split("\n## ", 1)[0]
+    rows = {
+        flag
+        for line in table.splitlines()
+        if line.startswith("| `")
+        for flag in re.findall(r"`(--[\w-]+)`", line.split(" | ")[0])
+    }
+    assert sorted(flags - rows) == [], "docs/tuning.md's Arguments table lacks these flags"
+    assert sorted(rows - flags) == [], "docs/tuning.md's Arguments table names flags the tuner does not have"
