@@ -13,24 +13,25 @@ from common import REPO_ROOT
 MARK = "# this script"
 
 # Which scripts carry which block. A script that gains a block joins its list.
+JAX = "ppo_atari_envpool_xla_jax_scan.py"
 ATARI_TORCH = ["ppo_atari.py"]
-WITH_CHECKPOINTS = ["ppo_atari.py"]
+WITH_CHECKPOINTS = ["ppo_atari.py", JAX]
 BLOCKS = {
-    "fail": ["ppo_atari.py"],
-    "start_logging": ["ppo_atari.py"],
-    "Progress": ["ppo_atari.py"],
+    "fail": ["ppo_atari.py", JAX],
+    "start_logging": ["ppo_atari.py", JAX],
+    "Progress": ["ppo_atari.py", JAX],
     "warn_if_bf16_is_slow": ATARI_TORCH,
-    "capped_cubic": ATARI_TORCH,
+    "capped_cubic": ATARI_TORCH + [JAX],
     "VideoRecorder": ATARI_TORCH,
-    "save_model": ATARI_TORCH,
-    "load_model": ATARI_TORCH,
+    "save_model": ATARI_TORCH,  # JAX too, once the template marks its torch.save line
+    "load_model": ATARI_TORCH,  # JAX too, once the template marks its torch.load line
     "evaluate": ATARI_TORCH,
-    "run_evaluation": ATARI_TORCH,
+    "run_evaluation": ATARI_TORCH + [JAX],
     "lock_run": WITH_CHECKPOINTS,
     "script_digest": WITH_CHECKPOINTS,
     "RESUMABLE_CHANGES": WITH_CHECKPOINTS,
     "save_checkpoint": WITH_CHECKPOINTS,
-    "load_checkpoint": WITH_CHECKPOINTS,
+    "load_checkpoint": ATARI_TORCH,  # JAX too, once the template's `try:` line is no longer about torch.load
 }
 
 
