@@ -650,8 +650,11 @@ def main(args: Args):
         sps = int((global_step - start_global_step) / (time.time() - start_time))
         if is_main:
             writer.add_scalar("charts/learning_rate", learning_rate, global_step)
-            for name in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl"):
-                writer.add_scalar(f"losses/{name}", host(stats[name]), global_step)
+            writer.add_scalar("losses/value_loss", host(stats["value_loss"]), global_step)
+            writer.add_scalar("losses/policy_loss", host(stats["policy_loss"]), global_step)
+            writer.add_scalar("losses/entropy", host(stats["entropy"]), global_step)
+            writer.add_scalar("losses/old_approx_kl", host(stats["old_approx_kl"]), global_step)
+            writer.add_scalar("losses/approx_kl", host(stats["approx_kl"]), global_step)
             writer.add_scalar("losses/clipfrac", host(clipfrac), global_step)
             writer.add_scalar("losses/explained_variance", host(explained_var), global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
