@@ -433,7 +433,7 @@ class Progress:
 def save_model(path: str, agent: nn.Module, args: Args):
     # Written to a temporary file and renamed, so a crash never leaves a truncated file.
     model = {"model": agent.state_dict(), "sizes": agent.sizes}  # this script
-    torch.save({**model, "args": vars(args)}, path + ".tmp")
+    torch.save({**model, "args": vars(args)}, path + ".tmp")  # this script
     os.replace(path + ".tmp", path)
 
 
@@ -441,7 +441,7 @@ def load_model(path: str, device) -> tuple[nn.Module, dict]:
     if not os.path.isfile(path):
         fail(f"checkpoint {path!r} does not exist")
     try:
-        payload = torch.load(path, map_location=device, weights_only=True)
+        payload = torch.load(path, map_location=device, weights_only=True)  # this script
         agent = QNetwork(*payload["sizes"]).to(device)  # this script
         agent.load_state_dict(payload["model"])  # this script
     except Exception as e:  # any unreadable or foreign file is the same user error

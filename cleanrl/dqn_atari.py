@@ -637,7 +637,7 @@ class VideoRecorder:
 def save_model(path: str, agent: nn.Module, args: Args):
     # Written to a temporary file and renamed, so a crash never leaves a truncated file.
     model = {"model": agent.state_dict(), "num_actions": agent.network[-1].out_features}  # this script
-    torch.save({**model, "args": vars(args)}, path + ".tmp")
+    torch.save({**model, "args": vars(args)}, path + ".tmp")  # this script
     os.replace(path + ".tmp", path)
 
 
@@ -645,7 +645,7 @@ def load_model(path: str, device) -> tuple[nn.Module, dict]:
     if not os.path.isfile(path):
         fail(f"checkpoint {path!r} does not exist")
     try:
-        payload = torch.load(path, map_location=device, weights_only=True)
+        payload = torch.load(path, map_location=device, weights_only=True)  # this script
         agent = QNetwork(payload["num_actions"]).to(device).to(memory_format=torch.channels_last)  # this script
         agent.load_state_dict(payload["model"])  # this script
     except Exception as e:  # any unreadable or foreign file is the same user error
@@ -665,10 +665,10 @@ def evaluate(agent: nn.Module, env_id: str, eval_episodes: int, device, args: Ar
         VideoRecorder(video_folder, env_id, seed, args, schedule=lambda game: game < quota[0]) if video_folder else None
     )
     stats, returns = EpisodeStatistics(num_envs), [[] for _ in range(num_envs)]
-    obs, _ = envs.reset(seed=seed)
+    obs, _ = envs.reset(seed=seed)  # this script
     while any(len(r) < q for r, q in zip(returns, quota)):
         action = epsilon_greedy(agent, obs, args.eval_epsilon, rng, device)  # this script
-        obs, reward, terminated, truncated, _ = envs.step(action)
+        obs, reward, terminated, truncated, info = envs.step(action)
         if video is not None:
             video.step(action[0])
         for i, episodic_return, _ in stats.step(reward, terminated | truncated):  # this script
@@ -763,7 +763,7 @@ def load_checkpoint(resume: str, args: Args) -> dict | None:
         resume = max(found, key=os.path.getmtime)
     if not os.path.isfile(resume):
         fail(f"--resume {resume!r}: no such checkpoint file (pass a runs/*/checkpoints/ file or auto)")
-    try:  # memory-mapped: a large checkpoint is read as it is restored, not held twice
+    try:
         checkpoint = torch.load(resume, map_location="cpu", weights_only=True, mmap=True)  # this script
         saved_args, run_name, global_step = dict(checkpoint["args"]), checkpoint["run_name"], checkpoint["global_step"]
     except Exception as e:  # an unreadable file, or a saved model instead of a checkpoint

@@ -3,10 +3,10 @@
 The PPO of `ppo_atari_envpool.py` (Nature CNN, envpool's Atari preprocessing with episodic life and
 reward clipping, reset steps kept out of the update, truncations bootstrapped), written in JAX.
 envpool's XLA interface puts the environment steps inside the compiled rollout: one `jax.lax.scan`
-plays all the steps of an iteration; GAE is a reverse scan; all epochs and minibatches of the
-update are one compiled `lax.scan`. Data parallel over all local devices (shard_map), each with its
-own envpool, and over several hosts with `jax.distributed`. With `--checkpoint-every K` a run can be
-stopped and continued (`--resume`), on the same or another number of devices.
+plays all the steps of an iteration; GAE is a reverse scan; all epochs and minibatches of the update
+are one compiled `lax.scan`. Data parallel over all local devices (shard_map), each with its own
+envpool, and over several hosts with `jax.distributed`. Beside the algorithm: bf16, checkpoints and
+resume (on the same or another number of devices), videos, and evaluation of a saved model.
 Docs: docs/ppo_atari_envpool_xla_jax_scan.md
 """
 
@@ -51,7 +51,7 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of the wandb project"""
     capture_video: bool = False
-    """if toggled, games 0, 1, 8, 27, ..., then every 1000th of env 0 are saved as RGB mp4 files in `videos/`"""
+    """if toggled, env 0's games 0, 1, 8, 27, ..., then every 1000th, are saved as mp4 to `videos/{run_name}/`"""
     save_model: bool = False
     """if toggled, the model is saved to `runs/{run_name}/{exp_name}.cleanrl_model` and evaluated"""
     eval_checkpoint: str | None = None
@@ -63,9 +63,9 @@ class Args:
     progress_interval: float = 30.0
     """seconds between plain progress lines when stderr is not a terminal (log files, Slurm, nohup)"""
     checkpoint_every: int = 0
-    """write a resumable checkpoint (parameters, optimizer, random key, counters) to `runs/{run_name}/checkpoints/` every K iterations and at the end (0: never); several hosts must share runs/"""
+    """write a checkpoint to `runs/{run_name}/checkpoints/` every K iterations and at the end (0: never)"""
     resume: str | None = None
-    """a checkpoint file to continue its run from, or `auto`: the newest checkpoint by modification time in runs/ of this env_id, exp_name and seed (none: a new run)"""
+    """a checkpoint file to continue its run from, or `auto`: the newest of this env_id, exp_name and seed"""
 
     # Environment
     env_id: str = "Breakout-v5"
@@ -73,7 +73,7 @@ class Args:
     repeat_action_probability: float = 0.0
     """sticky actions; 0 is the NoFrameskip-v4 / envpool convention behind the published PPO scores"""
     max_episode_steps: int = 27_000
-    """time limit of a game in agent steps (27,000 = 108,000 frames); a cut game is bootstrapped"""
+    """the time limit of a game in agent steps (108,000 frames, as v5); a game cut by it is bootstrapped"""
 
     # Algorithm
     total_timesteps: int = 10_000_000
@@ -132,11 +132,6 @@ class Args:
     """the number of iterations (total_timesteps // batch_size)"""
 
 
-def fail(message: str):
-    """A user error: one line naming the problem, a non-zero exit, no traceback."""
-    sys.exit(f"error: {message}")
-
-
 # ---------------------------------------------------------------------------------------------
 # Environment
 # ---------------------------------------------------------------------------------------------
@@ -152,18 +147,14 @@ def envpool_task(env_id: str) -> str:
 
 
 def make_envs(
-    env_id: str, num_envs: int, repeat_action_probability: float, seed: int, max_episode_steps: int = 27_000,
-    num_threads: int | None = None, noop_max: int = 30, rgb_frames: bool = False,
+    env_id, num_envs, repeat_action_probability, seed, max_episode_steps=27_000, num_threads=None, rgb_frames=False
 ):
     # Environment i is seeded with seed + i. Synchronous (batch_size = num_envs): each step returns
-    # every environment in order, which the compiled rollout needs.
-    # episodic_life: a lost life ends the learning episode (terminated) but the game goes on with
-    # its remaining lives; FIRE is pressed on the reset step after it; info["terminated"] marks the
-    # real game over. reward_clip: the returned reward is sign(reward), info["reward"] the raw one.
-    # noop_max=0 crashes envpool 1.2.5; noop_max=1 means no no-op starts.
-    # What the agent sees: a stack of the last 4 frames, 84x84 grayscale. rgb_frames: the same games
-    # (no frame setting touches the emulator or its random numbers), seen as the screen of each step
-    # in full-size RGB, (3, 210, 160): what a video shows.
+    # every environment in order, which the compiled rollout needs. episodic_life: a lost life ends
+    # the learning episode (terminated) but the game goes on with its remaining lives; FIRE is pressed
+    # on the reset step after it; info["terminated"] marks the real game over. reward_clip: the reward
+    # is sign(reward), info["reward"] the raw one. rgb_frames: the same games (no frame setting touches
+    # the emulator or its random numbers) as full 210x160 RGB screens, for videos.
     frames = dict(img_height=84, img_width=84, gray_scale=True, stack_num=4)
     if rgb_frames:
         frames = dict(img_height=210, img_width=160, gray_scale=False, stack_num=1)
@@ -176,7 +167,7 @@ def make_envs(
         seed=seed,
         max_episode_steps=max_episode_steps,
         repeat_action_probability=repeat_action_probability,
-        noop_max=noop_max,
+        noop_max=30,
         frame_skip=4,
         use_fire_reset=True,
         episodic_life=True,
@@ -193,103 +184,31 @@ class EpisodeStatistics(NamedTuple):
 
 
 def update_episode_statistics(stats: EpisodeStatistics, raw_reward, game_over, played):
-    """Adds one step; returns the new statistics and (game_over, return, length) of this step.
-
-    A game ends at a real game over or at the time limit: both reset the running return, so a
-    truncated game's score is never carried into the next game. The length counts the steps whose
-    action was played (envpool's `elapsed_step`), not the reset steps, whose action is ignored.
-    """
+    """Adds one step; returns the new statistics and (game_over, return, length) of this step. A game
+    ends at a real game over or at the time limit. The length counts the steps whose action was played
+    (envpool's `elapsed_step`), not the reset steps, whose action is ignored."""
     returns = stats.returns + raw_reward
     lengths = stats.lengths + played.astype(jnp.int32)
     finished = (game_over, returns, lengths)
     return EpisodeStatistics(jnp.where(game_over, 0.0, returns), jnp.where(game_over, 0, lengths)), finished
 
 
-class VideoRecorder:
-    """Saves whole games of one environment as mp4 files of the real screen (RGB, 210x160).
+class EnvState(NamedTuple):
+    """What the rollout carries from one step to the next, for one device's envpool."""
 
-    The compiled rollout has only the agent's 84x84 grayscale stacks, on the device. A "shadow"
-    envpool of one environment, made with the recorded environment's seed and settings but RGB
-    frames, is fed the recorded environment's actions and so plays the identical game (envpool is
-    deterministic given its seed and the actions; tested). A background thread steps the shadow and
-    streams the frames of the scheduled games to ffmpeg, so the training loop only hands over the
-    actions of each rollout. Kept: games 0, 1, 8, 27, ..., 729, then every 1000th (gymnasium's capped
-    cubic schedule), at most `max_games`; each game is written as `game-{n}.partial.mp4` and renamed
-    `game-{n}.mp4` when it ends, and the game still running at close() is discarded.
-    """
+    handle: jax.Array  # envpool's XLA handle: threading it orders the env steps
+    obs: jax.Array  # (num_envs, 4, 84, 84) uint8: the observation to act on
+    reset_next: jax.Array  # (num_envs,) bool: the last step ended an episode, so the next is a reset step
+    episode: EpisodeStatistics
 
-    def __init__(
-        self, folder: str, env_id: str, seed: int, repeat_action_probability: float, max_episode_steps: int,
-        max_games: int | None = None, upload: bool = False, fps: int = 30, first_game: int = 0,
-    ):
-        from gymnasium.utils.save_video import capped_cubic_video_schedule  # imported here: only videos need it
 
-        os.makedirs(folder, exist_ok=True)
-        self.env = make_envs(
-            env_id, 1, repeat_action_probability, seed, max_episode_steps, num_threads=1, rgb_frames=True
-        )
-        self.scheduled = lambda game: capped_cubic_video_schedule(game) and (max_games is None or game < max_games)
-        self.folder, self.upload, self.fps, self.first_game = folder, upload, fps, first_game
-        self.rollouts, self.in_sync, self.error = queue.Queue(), True, None
-        self.thread = threading.Thread(target=self._record, daemon=True)
-        self.thread.start()
-
-    def add(self, actions, game_over, episodic_returns):
-        """One rollout of the recorded environment, each (num_steps,): the actions it played, and where
-        its games ended with which score, which the shadow's games must match."""
-        if self.in_sync:
-            self.rollouts.put((np.asarray(actions), np.asarray(game_over), np.asarray(episodic_returns)))
-
-    def close(self):
-        """Returns once the video of every finished game is written."""
-        self.rollouts.put(None)
-        self.thread.join()
-        self.env.close()
-        if self.error is not None:
-            raise self.error
-
-    def _record(self):
-        try:
-            self._replay()
-        except Exception as e:  # re-raised by close(), in the main thread
-            self.error = e
-
-    def _replay(self):
-        from moviepy.video.io.ffmpeg_writer import FFMPEG_VideoWriter
-
-        self.env.reset()
-        game, score, reset_next, video = self.first_game, 0.0, False, None
-        path = lambda game, suffix="": os.path.join(self.folder, f"game-{game}{suffix}.mp4")
-        while (rollout := self.rollouts.get()) is not None:
-            for action, game_over, episodic_return in zip(*rollout):
-                frame, _, terminated, truncated, info = self.env.step(np.array([action]))
-                played = not reset_next  # the step after an episode's end is a reset step: no frame of its own
-                reset_next = bool(terminated[0] or truncated[0])
-                score += float(info["reward"][0])
-                shadow_game_over = bool(info["terminated"][0] or truncated[0])
-                if shadow_game_over != game_over or (game_over and not np.isclose(score, episodic_return)):
-                    print(f"warning: the video of env 0 lost sync in game {game}; no more videos", file=sys.stderr)
-                    self.in_sync = False
-                    break
-                if played and self.scheduled(game):
-                    if video is None:
-                        video = FFMPEG_VideoWriter(path(game, ".partial"), (160, 210), self.fps, threads=1)
-                    video.write_frame(frame[0].transpose(1, 2, 0))
-                if game_over:
-                    if video is not None:
-                        video.close()
-                        os.replace(path(game, ".partial"), path(game))
-                        video = None
-                        if self.upload:
-                            import wandb
-
-                            wandb.save(path(game), base_path=os.path.dirname(self.folder), policy="now")
-                    game, score = game + 1, 0.0
-            if not self.in_sync:
-                break
-        if video is not None:  # a game cut by the end of the run
-            video.close()
-            os.remove(path(game, ".partial"))
+def start_envs(envs) -> tuple[EnvState, Any]:
+    """The first state of an envpool's compiled rollout, and its XLA step."""
+    handle, _, _, env_step = envs.xla()
+    obs, _ = envs.reset()
+    n = len(obs)
+    episode = EpisodeStatistics(np.zeros(n, np.float32), np.zeros(n, np.int32))
+    return EnvState(handle, obs, np.zeros(n, bool), episode), env_step
 
 
 # ---------------------------------------------------------------------------------------------
@@ -300,20 +219,17 @@ def layer_init(std=np.sqrt(2), bias_const=0.0) -> dict:
     return dict(kernel_init=nn.initializers.orthogonal(std), bias_init=nn.initializers.constant(bias_const))
 
 
-# XLA:CPU computes a convolution inside a compiled loop (the rollout's and the update's lax.scan)
-# very slowly: measured on the 2-core CPU, one minibatch step of the compiled update took 8.5 s
-# with XLA's convolutions and 0.24 s with the same convolutions as matrix products of image
-# patches ("im2col", the Conv below), 36x; the rollout of 8 envs x 128 steps 1.27 s against
-# 0.83 s. False: XLA's convolution everywhere. Other backends always use XLA's (cuDNN on GPU).
+# XLA:CPU computes a convolution inside a compiled loop very slowly: one minibatch step of the compiled
+# update took 8.5 s with XLA's convolutions and 0.24 s with the same convolutions as matrix products of
+# image patches ("im2col", the Conv below) on the 2-core CPU. False: XLA's convolution everywhere.
+# Other backends always use XLA's (cuDNN on GPU).
 PATCH_CONVOLUTIONS_ON_CPU = True
 
 
 class Conv(nn.Module):
-    """nn.Conv(features, (k, k), strides=(s, s), padding="VALID"): the same parameters and function.
-
-    With `im2col` (default: on CPU, see PATCH_CONVOLUTIONS_ON_CPU) it is computed as one matrix
-    product of the image patches; otherwise with XLA's convolution.
-    """
+    """nn.Conv(features, (k, k), strides=(s, s), padding="VALID"): the same parameters and function,
+    computed with `im2col` (default: PATCH_CONVOLUTIONS_ON_CPU on CPU) as one matrix product of the
+    image patches, otherwise with XLA's convolution."""
 
     features: int
     kernel_size: int
@@ -321,7 +237,7 @@ class Conv(nn.Module):
     dtype: Any = jnp.float32
     kernel_init: Any = nn.initializers.lecun_normal()
     bias_init: Any = nn.initializers.zeros
-    im2col: bool | None = None  # None: PATCH_CONVOLUTIONS_ON_CPU on the CPU backend
+    im2col: bool | None = None
 
     @nn.compact
     def __call__(self, x):  # x: (batch, height, width, channels)
@@ -348,17 +264,19 @@ class Agent(nn.Module):
     dtype: Any = jnp.float32  # the compute dtype; parameters are always fp32
 
     def setup(self):
-        self.network = nn.Sequential([
-            Conv(32, 8, 4, dtype=self.dtype, **layer_init()),
-            nn.relu,
-            Conv(64, 4, 2, dtype=self.dtype, **layer_init()),
-            nn.relu,
-            Conv(64, 3, 1, dtype=self.dtype, **layer_init()),
-            nn.relu,
-            lambda x: x.reshape(x.shape[0], -1),
-            nn.Dense(512, dtype=self.dtype, **layer_init()),
-            nn.relu,
-        ])
+        self.network = nn.Sequential(
+            [
+                Conv(32, 8, 4, dtype=self.dtype, **layer_init()),
+                nn.relu,
+                Conv(64, 4, 2, dtype=self.dtype, **layer_init()),
+                nn.relu,
+                Conv(64, 3, 1, dtype=self.dtype, **layer_init()),
+                nn.relu,
+                lambda x: x.reshape(x.shape[0], -1),
+                nn.Dense(512, dtype=self.dtype, **layer_init()),
+                nn.relu,
+            ]
+        )
         self.actor = nn.Dense(self.num_actions, dtype=jnp.float32, **layer_init(0.01))
         self.critic = nn.Dense(1, dtype=jnp.float32, **layer_init(1.0))
 
@@ -368,9 +286,8 @@ class Agent(nn.Module):
         return self.network(x)
 
     def heads(self, hidden):
-        # The two heads compute in fp32 even under bf16: values and log-probabilities feed GAE, value
-        # clipping and the probability ratio, where bf16's 3 significant digits would show; the two
-        # small layers cost nothing. Returns (logits, value).
+        # The heads compute in fp32 even under bf16: values and log-probabilities feed GAE, value
+        # clipping and the probability ratio, where bf16's 3 significant digits would show.
         hidden = hidden.astype(jnp.float32)
         return self.actor(hidden), self.critic(hidden)[:, 0]
 
@@ -387,18 +304,18 @@ class Agent(nn.Module):
         return action, logprob, entropy, value
 
 
+@partial(jax.jit, static_argnums=0)
+def init_params(agent: Agent, key):
+    return agent.init(key, jnp.zeros((1, 4, 84, 84), jnp.uint8), key, method=Agent.get_action_and_value)
+
+
+def compute_dtype(args: Args):
+    return jnp.bfloat16 if args.mixed_precision == "bf16" else jnp.float32
+
+
 # ---------------------------------------------------------------------------------------------
 # The math: small pure functions, tested alone
 # ---------------------------------------------------------------------------------------------
-class EnvState(NamedTuple):
-    """What the rollout carries from one step to the next, for one device's envpool."""
-
-    handle: jax.Array  # envpool's XLA handle: threading it orders the env steps
-    obs: jax.Array  # (num_envs, 4, 84, 84) uint8: the observation to act on
-    reset_next: jax.Array  # (num_envs,) bool: the last step ended an episode, so the next is a reset step
-    episode: EpisodeStatistics
-
-
 class Transitions(NamedTuple):
     """One rollout: every field is (num_steps, num_envs, ...)."""
 
@@ -416,29 +333,22 @@ class Transitions(NamedTuple):
 
 
 def rollout(agent: Agent, env_step, params, env_state: EnvState, key, num_steps: int):
-    """Plays num_steps steps of every environment as one `lax.scan`, env steps included.
-
-    Returns the new env state, the transitions and the value of the observation after the last step.
-    """
+    """Plays num_steps steps of every environment as one `lax.scan`, env steps included. Returns the
+    new env state, the transitions and the value of the observation after the last step."""
 
     def step(env_state: EnvState, key):
         action, logprob, _, value = agent.apply(params, env_state.obs, key, method=Agent.get_action_and_value)
         handle, (next_obs, reward, terminated, truncated, info) = env_step(env_state.handle, action)
-        # envpool resets an environment on the step *after* its episode ended (a lost life, a game
-        # over or the time limit): that reset step ignores the action and returns reward 0 and the
-        # new episode's first observation. Its "transition" is nothing the agent caused: played = False.
+        # envpool resets an environment on the step *after* its episode ended: that reset step ignores
+        # the action and returns reward 0 and the new episode's first observation. Not played.
         played = ~env_state.reset_next
         game_over = info["terminated"].astype(bool) | truncated
-        episode, (game_over, episodic_return, episodic_length) = update_episode_statistics(
-            env_state.episode, info["reward"], game_over, played
-        )
+        episode, finished = update_episode_statistics(env_state.episode, info["reward"], game_over, played)
         done = terminated | truncated
-        # envpool also flags the time limit on a game that ended on its last allowed step: that game
-        # is over, nothing to bootstrap.
+        # envpool also flags the time limit on a game that ended on its last allowed step: nothing to bootstrap.
         truncated_alive = truncated & ~info["terminated"].astype(bool)
         transition = Transitions(
-            env_state.obs, action, logprob, value, reward, done, truncated_alive, played, game_over, episodic_return,
-            episodic_length,
+            env_state.obs, action, logprob, value, reward, done, truncated_alive, played, *finished
         )
         return EnvState(handle, next_obs, done, episode), transition
 
@@ -449,22 +359,17 @@ def rollout(agent: Agent, env_step, params, env_state: EnvState, key, num_steps:
 
 def bootstrap_truncations(rewards, values, truncations, next_value, gamma: float):
     """A time limit is not a death: a truncated step's reward gains gamma * V(its last observation).
-
-    envpool returns that observation at the truncated step itself and resets the game only on the
-    next step, so it is the observation stored for the following step: its value is values[t + 1],
-    or next_value after the rollout's last step. rewards, values, truncations: (num_steps, num_envs).
-    """
+    envpool returns that observation at the truncated step and resets the game on the next step, so it
+    is the observation stored for the following step: its value is values[t + 1], or next_value after
+    the rollout's last step. rewards, values, truncations: (num_steps, num_envs)."""
     following_values = jnp.concatenate([values[1:], next_value[None]])
     return rewards + gamma * following_values * truncations
 
 
 def compute_gae(rewards, values, dones, next_value, gamma: float, gae_lambda: float):
-    """Generalized advantage estimation as a reverse `lax.scan` over the steps.
-
-    rewards, values, dones: (num_steps, num_envs); dones[t] = 1 if the transition at step t ended
-    the (learning) episode. next_value: (num_envs,), the value of the observation after the last step.
-    Returns (advantages, returns), both (num_steps, num_envs).
-    """
+    """Generalized advantage estimation as a reverse `lax.scan` over the steps. rewards, values, dones:
+    (num_steps, num_envs), dones[t] = 1 where step t ended the (learning) episode; next_value:
+    (num_envs,), the value of the observation after the last step. Returns (advantages, returns)."""
     following_values = jnp.concatenate([values[1:], next_value[None]])
     deltas = rewards + gamma * following_values * (1.0 - dones) - values
 
@@ -504,12 +409,9 @@ def normalize_advantages(advantages, played, axis_name: str):
 
 
 def ppo_loss(params, agent: Agent, mb: Batch, advantages, num_played, args: Args):
-    """The clipped PPO objective of one minibatch; returns the loss and the statistics to log.
-
-    Means are over the played steps of the whole minibatch (`num_played`, all devices): this
-    device's loss and statistics are its share of those means, so the shares of all devices add up
-    to the minibatch's loss, gradient and statistics.
-    """
+    """The clipped PPO objective of one minibatch; returns the loss and the statistics to log. Means are
+    over the played steps of the whole minibatch (`num_played`, all devices): this device's loss and
+    statistics are its share of those means, and the shares of all devices add up to the whole."""
     _, newlogprob, entropy, newvalue = agent.apply(params, mb.obs, action=mb.actions, method=Agent.get_action_and_value)
     weight = mb.played.astype(jnp.float32) / jnp.maximum(num_played, 1.0)
     mean = lambda x: (x * weight).sum()
@@ -548,14 +450,11 @@ def ppo_loss(params, agent: Agent, mb: Batch, advantages, num_played, args: Args
 
 def prepare_batch(transitions: Transitions, next_value, key, args: Args, axis_name: str):
     """Advantages, the flat batch, one shuffle of it per epoch and the explained variance (of the job)."""
-    rewards = bootstrap_truncations(
-        transitions.rewards, transitions.values, transitions.truncations, next_value, args.gamma
-    )
-    advantages, returns = compute_gae(
-        rewards, transitions.values, transitions.dones.astype(jnp.float32), next_value, args.gamma, args.gae_lambda
-    )
-    flat = lambda x: x.reshape((-1,) + x.shape[2:])
     t = transitions
+    rewards = bootstrap_truncations(t.rewards, t.values, t.truncations, next_value, args.gamma)
+    dones = t.dones.astype(jnp.float32)
+    advantages, returns = compute_gae(rewards, t.values, dones, next_value, args.gamma, args.gae_lambda)
+    flat = lambda x: x.reshape((-1,) + x.shape[2:])
     batch = Batch(*map(flat, (t.obs, t.actions, t.logprobs, t.values, advantages, returns, t.played)))
 
     # Each device shuffles its own share: a minibatch is the union of one share of each device.
@@ -571,10 +470,7 @@ def prepare_batch(transitions: Transitions, next_value, key, args: Args, axis_na
     return batch, perms, explained_var
 
 
-def update_minibatch(
-    train_state: TrainState, epoch, minibatch, batch: Batch, perms, learning_rate, agent: Agent, tx, args: Args,
-    axis_name: str,
-):
+def update_minibatch(train_state, epoch, minibatch, batch: Batch, perms, learning_rate, agent, tx, args, axis_name):
     """One gradient step on minibatch `minibatch` of epoch `epoch` (this device's share of it)."""
     size = args.local_batch_size // args.num_minibatches
     indices = jax.lax.dynamic_slice_in_dim(perms[epoch], minibatch * size, size)
@@ -590,15 +486,12 @@ def update_minibatch(
 
 
 def update_epochs(train_state: TrainState, batch: Batch, perms, learning_rate, agent, tx, args: Args, axis_name: str):
-    """All epochs and minibatches of one update as one compiled program: a `lax.scan` over epochs
-    of `lax.scan`s over minibatches.
-
-    --target-kl cannot break a compiled loop, so the epochs after the stop are skipped by a
-    `lax.cond`. Returns the state, the last minibatch's statistics and the mean clip fraction of the
-    minibatches that ran.
-    """
-    step = partial(update_minibatch, batch=batch, perms=perms, learning_rate=learning_rate, agent=agent, tx=tx,
-                   args=args, axis_name=axis_name)
+    """All epochs and minibatches of one update as one compiled program: a `lax.scan` over epochs of
+    `lax.scan`s over minibatches. --target-kl cannot break a compiled loop, so the epochs after the stop
+    are skipped by a `lax.cond`. Returns the state, the last minibatch's statistics and the mean clip
+    fraction of the minibatches that ran."""
+    kwargs = dict(batch=batch, perms=perms, learning_rate=learning_rate, agent=agent, tx=tx, args=args)
+    step = partial(update_minibatch, **kwargs, axis_name=axis_name)
 
     def run_epoch(train_state, epoch):
         return jax.lax.scan(lambda ts, m: step(ts, epoch, m), train_state, jnp.arange(args.num_minibatches))
@@ -621,416 +514,93 @@ def update_epochs(train_state: TrainState, batch: Batch, perms, learning_rate, a
     return train_state, last_stats, clipfrac
 
 
-# ---------------------------------------------------------------------------------------------
-# Saving and evaluation
-# ---------------------------------------------------------------------------------------------
-@partial(jax.jit, static_argnums=0)
-def init_params(agent: Agent, key):
-    return agent.init(key, jnp.zeros((1, 4, 84, 84), jnp.uint8), key, method=Agent.get_action_and_value)
-
-
-def save_model(path: str, params, args: Args, num_actions: int):
-    # msgpack of plain arrays, written to a temporary file and renamed, so a crash never leaves a
-    # truncated checkpoint.
-    payload = {"params": flax.serialization.to_state_dict(jax.device_get(params)), "args": vars(args),
-               "num_actions": num_actions}
-    with open(path + ".tmp", "wb") as f:
-        f.write(flax.serialization.msgpack_serialize(payload))
-    os.replace(path + ".tmp", path)
-
-
-def load_model(path: str) -> tuple[int, Any, dict]:
-    """Returns (num_actions, params, saved args)."""
-    if not os.path.isfile(path):
-        fail(f"checkpoint {path!r} does not exist")
-    try:
-        with open(path, "rb") as f:
-            payload = flax.serialization.msgpack_restore(f.read())
-        num_actions = int(payload["num_actions"])
-        template = init_params(Agent(num_actions), jax.random.key(0))
-        params = flax.serialization.from_state_dict(template, payload["params"])
-        for saved, expected in zip(jax.tree.leaves(params), jax.tree.leaves(template), strict=True):
-            if saved.shape != expected.shape or saved.dtype != expected.dtype:
-                raise ValueError("parameter shapes differ")
-        saved_args = dict(payload["args"])
-    except Exception as e:  # any unreadable or foreign file is the same user error
-        fail(f"checkpoint {path!r} is not a readable {os.path.basename(__file__)} model ({type(e).__name__})")
-    return num_actions, params, saved_args
-
-
-# Arguments a resumed run may change: how it is watched and saved, and the devices it runs on (the
-# job's batch, minibatches and environments stay the run's), not what it learns.
-RESUMABLE_CHANGES = {
-    "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_checkpoint", "eval_episodes",
-    "progress_interval", "checkpoint_every", "resume", "coordinator_address", "num_processes", "process_id",
-    "num_devices", "local_num_envs", "local_batch_size",
-}
-
-
-def script_digest() -> str:
-    """The SHA-256 of this file: a resumed run says when the code changed since its checkpoint."""
-    with open(__file__, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
-def lock_run(folder: str):
-    """Holds the run's checkpoint folder for this process, as long as the returned file stays open:
-    a second process resuming the same run (a job started twice, a trainer that outlived its
-    runner) would log every step twice and remove the other's checkpoints."""
-    os.makedirs(folder, exist_ok=True)
-    lock = open(os.path.join(folder, "lock"), "w")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.close()
-        fail(f"{folder} is in use: another process is running this run (stop it, or wait for it to end)")
-    return lock
-
-
-def save_checkpoint(folder: str, iteration: int, global_step: int, train_state: TrainState, key, env0_games: int,
-                    recent_returns: deque, args: Args, run_name: str) -> str:
-    """Everything a resumed run needs (train_state: host arrays), as msgpack. Written to a temporary
-    file, synced and renamed, so a crash leaves either the previous checkpoint or this one, never a
-    truncated file. The newest two are kept."""
-    path = os.path.join(folder, f"iteration-{iteration:07d}.msgpack")
-    payload = {
-        "train_state": flax.serialization.to_state_dict(train_state), "key": np.asarray(jax.random.key_data(key)),
-        "iteration": iteration, "global_step": global_step,
-        "env0_games": env0_games,  # the games env 0 finished: a resumed run numbers its videos on
-        "recent_returns": list(recent_returns), "args": vars(args), "run_name": run_name,
-        "script_sha256": script_digest(),
-    }
-    with open(path + ".tmp", "wb") as f:
-        f.write(flax.serialization.msgpack_serialize(payload))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
-    directory = os.open(folder, os.O_RDONLY)  # the rename itself must reach the disk too
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
-    for older in sorted(glob.glob(os.path.join(folder, "iteration-*.msgpack")))[:-2]:
-        os.remove(older)
-    return path
-
-
-def read_checkpoint(resume: str, args: Args, template: TrainState) -> dict | None:
-    """The checkpoint `--resume` names, its train state rebuilt on `template` (host arrays), or None
-    when `auto` finds none. Its run's arguments must be this command's, but for RESUMABLE_CHANGES."""
-    if resume == "auto":
-        run_prefix = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__"
-        found = glob.glob(os.path.join("runs", f"{glob.escape(run_prefix)}*", "checkpoints", "iteration-*.msgpack"))
-        if not found:
-            print(f"--resume auto: no checkpoint of {run_prefix}* in runs/, starting a new run")
-            return None
-        path = max(found, key=os.path.getmtime)
-        print(f"--resume auto: {path}, the newest by modification time of {len(found)} checkpoint(s) of {run_prefix}*")
-    else:
-        path = resume
-    if not os.path.isfile(path):
-        fail(f"--resume {path!r}: no such checkpoint file (pass a runs/*/checkpoints/iteration-*.msgpack file or auto)")
-    try:
-        with open(path, "rb") as f:
-            payload = flax.serialization.msgpack_restore(f.read())
-        payload["iteration"], payload["global_step"], payload["run_name"]
-        saved_args = dict(payload["args"])
-        train_state = flax.serialization.from_state_dict(template, payload["train_state"])
-        for saved, expected in zip(jax.tree.leaves(train_state), jax.tree.leaves(template), strict=True):
-            if saved.shape != expected.shape or saved.dtype != expected.dtype:
-                raise ValueError("parameter shapes differ")
-        payload["train_state"], payload["key"] = train_state, jax.random.wrap_key_data(payload["key"])
-    except Exception as e:  # an unreadable file, or a saved model instead of a checkpoint
-        fail(f"--resume {path!r} is not a readable {os.path.basename(__file__)} checkpoint ({type(e).__name__})")
-    for name, value in vars(args).items():
-        if name not in RESUMABLE_CHANGES and saved_args.get(name) != value:
-            fail(f"--resume: the checkpoint's run has {name}={saved_args.get(name)!r}, this command {value!r}: "
-                 "resume with the run's arguments")
-    payload["path"] = path
-    return payload
-
-
-def evaluate(
-    agent: Agent, params, env_id: str, eval_episodes: int, seed: int = 0, repeat_action_probability: float = 0.0,
-    max_episode_steps: int = 27_000, num_steps: int = 128, video_folder: str | None = None, upload: bool = False,
-) -> tuple[list[float], list[int]]:
-    """Plays `eval_episodes` full games (all lives, unclipped score) with the sampled policy;
-    returns their scores and lengths, env by env (env 0's games first).
-
-    The games run in the training rollout, compiled, on the training environment (episodic life:
-    envpool presses FIRE after each lost life, which an agent trained on it may never have learned).
-    With `video_folder`, env 0's games are recorded there (and uploaded to wandb with `upload`).
-    """
-    num_envs = min(8, eval_episodes)
-    # Each env plays a fixed quota of games: keeping only the first games to finish would favour
-    # short (bad) games.
-    quota = [eval_episodes // num_envs + (i < eval_episodes % num_envs) for i in range(num_envs)]
-    envs = make_envs(env_id, num_envs, repeat_action_probability, seed, max_episode_steps)
-    recorder = None
-    if video_folder is not None:
-        recorder = VideoRecorder(
-            video_folder, env_id, seed, repeat_action_probability, max_episode_steps, max_games=quota[0], upload=upload
-        )
-    handle, _, _, env_step = envs.xla()
-    obs, _ = envs.reset()
-    episode = EpisodeStatistics(np.zeros(num_envs, np.float32), np.zeros(num_envs, np.int32))
-    env_state = EnvState(handle, obs, np.zeros(num_envs, bool), episode)
-    play = jax.jit(partial(rollout, agent, env_step, num_steps=num_steps))
-    games = [[] for _ in range(num_envs)]  # (return, length) of each env's games
-    key = jax.random.fold_in(jax.random.key(seed), 1)  # not the stream training started from
-    while any(len(g) < q for g, q in zip(games, quota)):
-        key, rollout_key = jax.random.split(key)
-        env_state, t, _ = play(params, env_state, rollout_key)
-        game_over, episodic_returns, episodic_lengths = (
-            np.asarray(x) for x in (t.game_over, t.episodic_returns, t.episodic_lengths)
-        )
-        if recorder is not None:
-            recorder.add(t.actions[:, 0], game_over[:, 0], episodic_returns[:, 0])
-        for step, i in zip(*np.nonzero(game_over)):
-            if len(games[i]) < quota[i]:
-                games[i].append((float(episodic_returns[step, i]), int(episodic_lengths[step, i])))
-    envs.close()
-    if recorder is not None:
-        recorder.close()
-    games = [game for env_games in games for game in env_games]
-    return [r for r, _ in games], [length for _, length in games]
-
-
-def run_evaluation(args: Args, writer: SummaryWriter, run_name: str, agent: Agent | None = None, params=None):
-    if params is None:
-        num_actions, params, saved_args = load_model(args.eval_checkpoint)
-        env_id = saved_args["env_id"]
-        # The games are played under this command's emulator settings, not necessarily the training run's
-        for name in ("repeat_action_probability", "max_episode_steps"):
-            if name in saved_args and saved_args[name] != getattr(args, name):
-                print(f"warning: evaluating with --{name.replace('_', '-')} {getattr(args, name)}; "
-                      f"the model was trained with {saved_args[name]}", file=sys.stderr)
-        agent = Agent(num_actions, jnp.bfloat16 if args.mixed_precision == "bf16" else jnp.float32)
-    else:
-        env_id = args.env_id
-    returns, lengths = evaluate(
-        agent, params, env_id, args.eval_episodes, args.seed, args.repeat_action_probability, args.max_episode_steps,
-        video_folder=f"videos/{run_name}-eval" if args.capture_video else None, upload=args.track,
-    )
-    for i, (episodic_return, length) in enumerate(zip(returns, lengths)):
-        print(f"eval_episode={i}, episodic_return={episodic_return}")
-        writer.add_scalar("eval/episodic_return", episodic_return, i)
-        writer.add_scalar("eval/episodic_length", length, i)
-    print(f"eval: mean return {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} games")
-    return returns
-
-
-# ---------------------------------------------------------------------------------------------
-# Progress display
-# ---------------------------------------------------------------------------------------------
-class Progress:
-    """The progress line on stderr: rewritten in place on a terminal; off one (a log file, Slurm,
-    nohup), where nobody sees a rewritten line, a plain line at most every `interval` seconds, and
-    always the first and the last one."""
-
-    def __init__(self, total: int, interval: float):
-        self.total, self.interval, self.printed_at = total, interval, None
-
-    def show(self, global_step: int, sps: int, recent_returns: deque):
-        recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
-        eta = (self.total - global_step) / max(sps, 1)
-        line = (
-            f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
-            f" | ETA {int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}"
-        )
-        last = global_step >= self.total
-        if sys.stderr.isatty():
-            print(f"\r{line}   ", end="\n" if last else "", file=sys.stderr, flush=True)
-        elif self.printed_at is None or last or time.monotonic() - self.printed_at >= self.interval:
-            print(line, file=sys.stderr, flush=True)
-            self.printed_at = time.monotonic()
-
-
-# ---------------------------------------------------------------------------------------------
-# Training
-# ---------------------------------------------------------------------------------------------
 def main(args: Args):
-    coordinator_address = args.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
-    if not coordinator_address and (args.num_processes is not None or args.process_id is not None):
-        fail("--num-processes and --process-id need --coordinator-address (or $JAX_COORDINATOR_ADDRESS)")
-    if coordinator_address:
-        # Several hosts: every process runs this script; jax.distributed joins their devices into one job.
-        env_int = lambda name: int(os.environ[name]) if name in os.environ else None
-        jax.distributed.initialize(
-            coordinator_address,
-            args.num_processes if args.num_processes is not None else env_int("JAX_NUM_PROCESSES"),
-            args.process_id if args.process_id is not None else env_int("JAX_PROCESS_ID"),
-        )
-
-    counts = (args.num_envs, args.num_steps, args.num_minibatches, args.update_epochs, args.max_episode_steps,
-              args.eval_episodes)
-    if min(counts) < 1:
-        fail(
-            "--num-envs, --num-steps, --num-minibatches, --update-epochs, --max-episode-steps and --eval-episodes"
-            " must be positive"
-        )
+    join_hosts(args)
     args.num_devices = jax.device_count()
-    if args.num_envs % args.num_devices != 0:
-        fail(
-            f"--num-envs {args.num_envs} does not split evenly over {args.num_devices} devices;"
-            f" use a multiple of {args.num_devices}"
-        )
     args.local_num_envs = args.num_envs // args.num_devices
     args.local_batch_size = args.local_num_envs * args.num_steps
     args.batch_size = args.local_batch_size * args.num_devices
-    if args.local_batch_size % args.num_minibatches != 0:
-        fail(
-            f"each device's batch, num_envs / devices * num_steps = {args.local_batch_size}, is not divisible by"
-            f" --num-minibatches {args.num_minibatches}"
-        )
-    args.minibatch_size = args.batch_size // args.num_minibatches
-    if args.norm_adv and args.minibatch_size < 2:
-        fail(f"minibatches of {args.minibatch_size} sample cannot normalize advantages; use fewer --num-minibatches")
-    args.num_iterations = args.total_timesteps // args.batch_size
-    envpool_task(args.env_id)  # an unknown env id fails here, before anything is written
-    if args.eval_checkpoint is None and args.num_iterations < 1:
-        fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch ({args.batch_size} steps)")
-    if args.checkpoint_every < 0:
-        fail(f"--checkpoint-every must be 0 (never) or positive, got {args.checkpoint_every}")
+    args.minibatch_size = args.batch_size // max(args.num_minibatches, 1)
+    args.num_iterations = args.total_timesteps // max(args.batch_size, 1)
+    check_args(args)
+    is_main = jax.process_index() == 0  # logging is process 0's job; every process trains
+    device = jax.local_devices()[0]
 
-    # Logging is process 0's job; every process trains.
-    is_main = jax.process_index() == 0
-    run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    training = args.eval_checkpoint is None
-    if not training:
+    if args.eval_checkpoint is not None:  # no training: play the saved model's games
         if is_main:
-            if args.track:
-                import wandb
-
-                wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                           config=vars(args), name=run_name, save_code=True)
-            writer = SummaryWriter(f"runs/{run_name}")
-            run_evaluation(args, writer, run_name)
+            run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+            writer = start_logging(args, run_name, None)
+            run_evaluation(args, device, writer, run_name)
             writer.close()
         return
-
-    # The agent and its optimizer come first: a checkpoint is read back into their shapes.
-    # Adam's learning rate is applied by the update (annealed per iteration), not by optax.
-    key = jax.random.key(args.seed)
-    key, init_key = jax.random.split(key)
-    num_actions = int(envpool.make_spec(envpool_task(args.env_id)).action_space.n)
-    agent = Agent(num_actions, jnp.bfloat16 if args.mixed_precision == "bf16" else jnp.float32)
-    tx = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optax.scale_by_adam(eps=1e-5))
-    init = lambda key: TrainState(params := init_params(agent, key), tx.init(params))
-    mesh = Mesh(np.array(jax.devices()), ("devices",))
-    replicated = NamedSharding(mesh, P())
-    train_state = jax.jit(init, out_shardings=replicated)(init_key)  # the same on every device
-
-    # Every process reads the checkpoint (several hosts: from the runs/ they share) and checks that
-    # they all found the same one.
-    checkpoint = None
-    if args.resume is not None:
-        checkpoint = read_checkpoint(args.resume, args, jax.eval_shape(init, init_key))
-    if jax.process_count() > 1:
+    # Every process reads the checkpoint (several hosts: from the runs/ they share).
+    checkpoint = load_checkpoint(args.resume, args) if args.resume is not None else None
+    if jax.process_count() > 1:  # they must all have found the same one
         found = multihost_utils.process_allgather(np.int64(checkpoint["global_step"] if checkpoint else -1))
         if len(set(found.tolist())) > 1:
             fail(f"--resume: the processes found different checkpoints (at steps {found.tolist()}, -1: none)")
-    start_iteration, global_step, env0_games = 0, 0, 0
-    recent_returns = deque(maxlen=20)
-    if checkpoint is not None:
-        run_name = checkpoint["run_name"]  # a resumed run goes on in its own directory
-        # every process holds the same host arrays: together they make the replicated state
-        to_devices = partial(jax.make_array_from_process_local_data, replicated)
-        train_state = jax.tree.map(to_devices, checkpoint["train_state"])
-        key, start_iteration, global_step = checkpoint["key"], checkpoint["iteration"], checkpoint["global_step"]
-        env0_games = checkpoint["env0_games"]
-        recent_returns.extend(checkpoint["recent_returns"])  # for the progress lines only
+    run_name = (
+        checkpoint["run_name"]
+        if checkpoint
+        else f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    )
     checkpoint_folder = f"runs/{run_name}/checkpoints"
     run_lock = lock_run(checkpoint_folder) if is_main and (args.checkpoint_every or checkpoint) else None
+    writer = start_logging(args, run_name, checkpoint) if is_main else None
 
-    writer = None
-    if is_main:
-        if args.track:
-            import wandb
+    # Adam's learning rate is applied by the update (annealed per iteration), not by optax.
+    key, init_key = jax.random.split(jax.random.key(args.seed))
+    num_actions = int(envpool.make_spec(envpool_task(args.env_id)).action_space.n)
+    agent = Agent(num_actions, compute_dtype(args))
+    tx = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optax.scale_by_adam(eps=1e-5))
+    init = lambda key: TrainState(params := init_params(agent, key), tx.init(params))
+    mesh = Mesh(np.array(jax.devices()), ("devices",))  # one axis over every device of the job
+    replicated = NamedSharding(mesh, P())
+    train_state = jax.jit(init, out_shardings=replicated)(init_key)  # the same on every device
 
-            wandb.init(
-                project=args.wandb_project_name,
-                entity=args.wandb_entity,
-                sync_tensorboard=True,
-                config=vars(args),
-                name=run_name,
-                id=run_name,  # a resumed run continues the same wandb run
-                resume="allow",
-                save_code=True,
-            )
-        # A resumed run hides whatever the interrupted one logged after its checkpoint: no step twice.
-        writer = SummaryWriter(f"runs/{run_name}", purge_step=global_step + 1 if checkpoint else None)
-        if checkpoint is None:
-            writer.add_text(
-                "hyperparameters",
-                "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
-            )
-        else:
-            print(f"resumed {run_name} at iteration {start_iteration} (step {global_step:,}) from {checkpoint['path']}",
-                  flush=True)
-            if checkpoint["script_sha256"] != script_digest():
-                print(f"warning: {os.path.basename(__file__)} has changed since the checkpoint was written: "
-                      "the run goes on with the code as it is now", flush=True)
-    del checkpoint
+    start_iteration, global_step, env0_games, recent_returns = 0, 0, 0, deque(maxlen=20)
+    if checkpoint is not None:
+        saved_state = flax.serialization.from_state_dict(jax.eval_shape(init, init_key), checkpoint["train_state"])
+        # every process holds the same host arrays: together they make the replicated state
+        train_state = jax.tree.map(partial(jax.make_array_from_process_local_data, replicated), saved_state)
+        key = jax.random.wrap_key_data(checkpoint["key"])
+        start_iteration, global_step = checkpoint["iteration"], checkpoint["global_step"]
+        env0_games = checkpoint["env0_games"]  # the games env 0 finished: videos go on numbering from there
+        recent_returns.extend(checkpoint["recent_returns"])  # for the progress lines only
 
-    # Devices: one mesh axis over every device of the job. Each device of this process gets its own
-    # envpool and its share of the environments; environment i of the job has seed seed + i. The games
-    # in progress at a checkpoint are not in it (nor logged): a resumed run starts new games, on seeds
-    # the run has not used (seed + iteration * num_envs + i).
+    # Each device of this process gets its own envpool and its share of the envs; environment i of the
+    # job gets seed + i. The games in progress at a checkpoint are not in it: a resumed run starts new
+    # games, on seeds the run has not used (seed + iteration * num_envs + i).
     local_devices = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
     device_index = {d: i for i, d in enumerate(mesh.devices.flat)}
     env_seed = args.seed + start_iteration * args.num_envs
+    device_seeds = [env_seed + device_index[d] * args.local_num_envs for d in local_devices]
+    env_threads = min(args.local_num_envs, max(1, (os.cpu_count() or 1) // len(local_devices)))
+    sticky, time_limit = args.repeat_action_probability, args.max_episode_steps
+    envs = [make_envs(args.env_id, args.local_num_envs, sticky, seed, time_limit, env_threads) for seed in device_seeds]
+    env_states, env_steps = zip(*[start_envs(env) for env in envs])
+    env_states = [jax.device_put(state, d) for state, d in zip(env_states, local_devices)]
     if is_main:
         print(
             f"{args.num_devices} {jax.default_backend()} device(s) on {jax.process_count()} process(es):"
             f" {args.num_envs} envs ({args.local_num_envs} per device), batch {args.batch_size},"
             f" minibatch {args.minibatch_size}, {args.num_iterations} iterations"
         )
+    video = None
+    if args.capture_video and is_main:  # env 0 of the job: the first env of process 0's first device
+        video = ReplayVideoRecorder(f"videos/{run_name}", args.env_id, device_seeds[0], args, env0_games)
+    progress = Progress(args.num_iterations * args.batch_size, args.progress_interval)
 
-    env_threads = max(1, (os.cpu_count() or 1) // len(local_devices))
-    envs, env_states, env_steps = [], [], []
-    for device in local_devices:
-        env = make_envs(
-            args.env_id, args.local_num_envs, args.repeat_action_probability,
-            env_seed + device_index[device] * args.local_num_envs, args.max_episode_steps,
-            num_threads=min(args.local_num_envs, env_threads),
-        )
-        handle, _, _, env_step = env.xla()
-        obs, _ = env.reset()
-        n = args.local_num_envs
-        episode = EpisodeStatistics(np.zeros(n, np.float32), np.zeros(n, np.int32))
-        envs.append(env)
-        env_states.append(jax.device_put(EnvState(handle, obs, np.zeros(n, bool), episode), device))
-        env_steps.append(env_step)
-    recorder = None
-    if args.capture_video and is_main:
-        # The first env of this process's first device: env 0 of the job on process 0.
-        recorder = VideoRecorder(
-            f"videos/{run_name}", args.env_id, env_seed + device_index[local_devices[0]] * args.local_num_envs,
-            args.repeat_action_probability, args.max_episode_steps, upload=args.track, first_game=env0_games,
-        )
     # One compiled rollout per device: envpool's XLA calls name their envpool in the program itself.
     rollouts = [jax.jit(partial(rollout, agent, env_step, num_steps=args.num_steps)) for env_step in env_steps]
-
-    # The update, as programs over all devices (shard_map: each device sees its own share).
-    def sharded(f, in_specs, out_specs, **jit_kwargs):
-        # check_vma=False: the functions sum over devices themselves (psum), as the torch scripts all-reduce.
-        per_device = jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
-        return jax.jit(per_device, **jit_kwargs)
-
+    # The update, as programs over all devices (shard_map: each device sees its own share). check_vma=False:
+    # the functions sum over devices themselves (psum), as the torch scripts all-reduce.
+    sharded = lambda f, ins, outs: jax.shard_map(f, mesh=mesh, in_specs=ins, out_specs=outs, check_vma=False)
     by_env, by_sample = P(None, "devices"), P("devices")
-    prepare = sharded(
-        partial(prepare_batch, args=args, axis_name="devices"), (by_env, by_sample, P()), (by_sample, by_env, P())
-    )
-    update = sharded(
-        partial(update_epochs, agent=agent, tx=tx, args=args, axis_name="devices"), (P(), by_sample, by_env, P()), P(),
-        donate_argnums=0,
-    )
-
-    def on_device(tree, device):
-        """The copy of a replicated array tree that `device` holds, as a plain array of that device (no copy)."""
-        shard = lambda x: next(s.data for s in x.addressable_shards if s.device == device)
-        return jax.tree.map(lambda x: jax.device_put(shard(x), device), tree)
+    prepare_program = partial(prepare_batch, args=args, axis_name="devices")
+    prepare = jax.jit(sharded(prepare_program, (by_env, by_sample, P()), (by_sample, by_env, P())))
+    update_program = partial(update_epochs, agent=agent, tx=tx, args=args, axis_name="devices")
+    update = jax.jit(sharded(update_program, (P(), by_sample, by_env, P()), P()), donate_argnums=0)
 
     def global_array(arrays, axis: int, spec):
         """Joins this process's per-device arrays along `axis` into one array over the job's devices."""
@@ -1039,9 +609,8 @@ def main(args: Args):
         return jax.make_array_from_single_device_arrays(tuple(shape), NamedSharding(mesh, spec), list(arrays))
 
     host = lambda x: np.asarray(x.addressable_data(0))  # a replicated value, read on this process
-
     start_time, start_global_step, sps = time.time(), global_step, 0
-    progress = Progress(args.num_iterations * args.batch_size, args.progress_interval)
+
     for iteration in range(start_iteration + 1, args.num_iterations + 1):
         learning_rate = args.learning_rate
         if args.anneal_lr:
@@ -1050,9 +619,9 @@ def main(args: Args):
         # Rollout: each device plays its envs; the calls are asynchronous, so the devices run at once.
         key, rollout_key, update_key = jax.random.split(key, 3)
         outputs = []
-        for device, play, env_state in zip(local_devices, rollouts, env_states):
-            device_key = jax.device_put(jax.random.fold_in(rollout_key, device_index[device]), device)
-            outputs.append(play(on_device(train_state.params, device), env_state, device_key))
+        for d, play, env_state in zip(local_devices, rollouts, env_states):
+            device_key = jax.device_put(jax.random.fold_in(rollout_key, device_index[d]), d)
+            outputs.append(play(on_device(train_state.params, d), env_state, device_key))
         env_states = [env_state for env_state, _, _ in outputs]
         transitions = jax.tree.map(lambda *xs: global_array(xs, 1, by_env), *[t for _, t, _ in outputs])
         next_value = global_array([v for _, _, v in outputs], 0, by_sample)
@@ -1062,19 +631,20 @@ def main(args: Args):
 
         # The games that ended, in the job's order: the env steps of one vector step count as
         # consecutive global steps, env 0 first, so every game is logged at a step of its own.
-        game_over, episodic_returns, episodic_lengths = multihost_utils.process_allgather(
-            (transitions.game_over, transitions.episodic_returns, transitions.episodic_lengths), tiled=True
+        t = transitions
+        game_over, returns, lengths = multihost_utils.process_allgather(
+            (t.game_over, t.episodic_returns, t.episodic_lengths), tiled=True
         )
         env0_games += int(game_over[:, 0].sum())
         for step, i in zip(*np.nonzero(game_over)):
-            game_step = global_step + step * args.num_envs + i + 1
-            recent_returns.append(float(episodic_returns[step, i]))
+            recent_returns.append(float(returns[step, i]))
             if is_main:
-                writer.add_scalar("charts/episodic_return", episodic_returns[step, i], game_step)
-                writer.add_scalar("charts/episodic_length", episodic_lengths[step, i], game_step)
-        if recorder is not None:
-            recorded = outputs[0][1]  # the transitions of this process's first device
-            recorder.add(recorded.actions[:, 0], recorded.game_over[:, 0], recorded.episodic_returns[:, 0])
+                game_step = global_step + step * args.num_envs + i + 1
+                writer.add_scalar("charts/episodic_return", returns[step, i], game_step)
+                writer.add_scalar("charts/episodic_length", lengths[step, i], game_step)
+        if video is not None:
+            env0 = outputs[0][1]  # the transitions of this process's first device
+            video.add(env0.actions[:, 0], env0.game_over[:, 0], env0.episodic_returns[:, 0])
         global_step += args.batch_size
 
         sps = int((global_step - start_global_step) / (time.time() - start_time))
@@ -1093,15 +663,17 @@ def main(args: Args):
         if args.checkpoint_every and (iteration % args.checkpoint_every == 0 or iteration == args.num_iterations):
             if is_main:
                 writer.flush()  # everything up to this checkpoint is on disk before it counts
-                host_state = jax.device_get(on_device(train_state, local_devices[0]))
-                path = save_checkpoint(checkpoint_folder, iteration, global_step, host_state, key, env0_games,
-                                       recent_returns, args, run_name)
-                print(f"checkpoint {path}", flush=True)
+                saved_state = jax.device_get(on_device(train_state, local_devices[0]))
+                state = dict(train_state=flax.serialization.to_state_dict(saved_state), iteration=iteration)
+                state.update(key=np.asarray(jax.random.key_data(key)), global_step=global_step)
+                state.update(env0_games=env0_games, recent_returns=list(recent_returns))
+                save_checkpoint(checkpoint_folder, f"iteration-{iteration:07d}.msgpack", state, args, run_name)
 
     # Every device must hold the same parameters: the same gradient is applied everywhere.
     as_bytes = lambda params: b"".join(np.asarray(leaf).tobytes() for leaf in jax.tree.leaves(params))
     digests = [hashlib.sha256(as_bytes(on_device(train_state.params, d))).hexdigest()[:16] for d in local_devices]
     print(f"process {jax.process_index()}: parameters sha256 per device {' '.join(digests)}")
+    progress.close()
     if is_main:
         recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
         print(
@@ -1110,19 +682,352 @@ def main(args: Args):
         )
     for env in envs:
         env.close()
-    if recorder is not None:
-        recorder.close()
-
+    if video is not None:
+        video.close()
     if args.save_model and is_main:
         model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
-        params = on_device(train_state.params, local_devices[0])
-        save_model(model_path, params, args, num_actions)
+        trained = agent.bind(on_device(train_state.params, local_devices[0]))  # a flax model: agent and parameters
+        save_model(model_path, trained, args)
         print(f"model saved to {model_path}")
-        run_evaluation(args, writer, run_name, agent, params)
+        run_evaluation(args, device, writer, run_name, trained)
     if is_main:
         writer.close()
     if run_lock is not None:
         run_lock.close()
+
+
+def join_hosts(args: Args):
+    """Several hosts: every process runs this script; jax.distributed joins their devices into one job."""
+    coordinator_address = args.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    if not coordinator_address and (args.num_processes is not None or args.process_id is not None):
+        fail("--num-processes and --process-id need --coordinator-address (or $JAX_COORDINATOR_ADDRESS)")
+    if coordinator_address:
+        env_int = lambda name: int(os.environ[name]) if name in os.environ else None
+        num_processes = args.num_processes if args.num_processes is not None else env_int("JAX_NUM_PROCESSES")
+        process_id = args.process_id if args.process_id is not None else env_int("JAX_PROCESS_ID")
+        jax.distributed.initialize(coordinator_address, num_processes, process_id)
+
+
+def on_device(tree, device):
+    """The copy of a replicated array tree that `device` holds, as a plain array of that device (no copy)."""
+    shard = lambda x: next(s.data for s in x.addressable_shards if s.device == device)
+    return jax.tree.map(lambda x: jax.device_put(shard(x), device), tree)
+
+
+# =============================================================================================
+# Run infrastructure: what makes a run watchable, resumable and reusable; not the algorithm. Each
+# block is the same text in every script that has it (tests/test_blocks.py holds the copies equal),
+# but for the lines that end in `# this script`. Design notes: docs/design.md
+# =============================================================================================
+def fail(message: str):
+    """A user error: one line naming the problem, a non-zero exit, no traceback."""
+    sys.exit(f"error: {message}")
+
+
+def check_args(args: Args):
+    counts = (args.num_envs, args.num_steps, args.num_minibatches, args.update_epochs, args.eval_episodes)
+    if min(counts) < 1:
+        fail("--num-envs, --num-steps, --num-minibatches, --update-epochs and --eval-episodes must be positive")
+    if args.num_envs % args.num_devices != 0:
+        devices = args.num_devices
+        fail(f"--num-envs {args.num_envs} does not split evenly over {devices} devices; use a multiple of {devices}")
+    if args.local_batch_size % args.num_minibatches != 0:
+        share = f"each device's batch, num_envs / devices * num_steps = {args.local_batch_size},"
+        fail(f"{share} is not divisible by num_minibatches = {args.num_minibatches}")
+    if args.norm_adv and args.minibatch_size < 2:
+        fail(f"minibatches of {args.minibatch_size} sample cannot normalize advantages; use fewer --num-minibatches")
+    if args.max_episode_steps < 1:
+        fail(f"--max-episode-steps must be positive, got {args.max_episode_steps}")
+    envpool_task(args.env_id)  # an unknown env id fails here, before anything is written
+    if args.eval_checkpoint is None and args.num_iterations < 1:
+        fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch ({args.batch_size} steps)")
+    if args.checkpoint_every < 0:
+        fail(f"--checkpoint-every must be 0 (never) or positive, got {args.checkpoint_every}")
+
+
+def start_logging(args: Args, run_name: str, checkpoint: dict | None) -> SummaryWriter:
+    """TensorBoard events in runs/{run_name}, and wandb under --track. A resumed run goes on in its own
+    directory and wandb run, and hides what its interrupted attempt logged after the checkpoint."""
+    if args.track:
+        import wandb
+
+        project = dict(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), save_code=True)
+        wandb.init(**project, name=run_name, id=run_name, resume="allow", sync_tensorboard=True)  # id: resumable
+    writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
+    if checkpoint is None:
+        table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    return writer
+
+
+class Progress:
+    """How far the run is, for whoever reads its output: a live line on a terminal; elsewhere (a log
+    file, Slurm, nohup, a container) a plain line at most every `interval` seconds, and always the
+    first and the last one."""
+
+    def __init__(self, total_steps: int, interval: float):
+        self.total, self.interval, self.last_print = total_steps, interval, -float("inf")
+        self.on_terminal = sys.stderr.isatty()
+
+    def show(self, global_step: int, sps: int, recent_returns: deque):
+        now = time.time()
+        if not self.on_terminal and now - self.last_print < self.interval and global_step < self.total:
+            return
+        self.last_print = now
+        recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
+        eta = int((self.total - global_step) / max(sps, 1))
+        line = f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
+        line += f" | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
+        print(f"\r{line}   " if self.on_terminal else line, end="" if self.on_terminal else None, file=sys.stderr)
+        sys.stderr.flush()
+
+    def close(self):
+        if self.on_terminal:
+            print(file=sys.stderr)
+
+
+def capped_cubic(game: int) -> bool:
+    """Games 0, 1, 8, 27, ..., 729, then every 1000th: many videos early, few in a long run."""
+    return round(game ** (1 / 3)) ** 3 == game if game < 1000 else game % 1000 == 0
+
+
+class ReplayVideoRecorder:
+    """Records games of env 0 as RGB mp4 files, `{folder}/game-{k}.mp4` for the k-th game. The compiled
+    rollout holds only the agent's 84x84 grayscale stacks, on the device: after each rollout, a one-env
+    shadow of env 0 (same game, seed and settings, full 210x160 RGB screens) is given env 0's actions on
+    a thread and plays the identical game, so training only hands the actions over. Where the rollout's
+    games ended, and with which score, the shadow's must too: a shadow out of sync says so and records
+    no more. A video holds one screen per played step; a game cut by close() is not kept. Under --track
+    each finished file goes to wandb."""
+
+    def __init__(self, folder: str, env_id: str, seed: int, args: Args, first_game=0, schedule=capped_cubic):
+        os.makedirs(folder, exist_ok=True)
+        self.folder, self.schedule, self.game, self.track = folder, schedule, first_game, args.track
+        sticky, time_limit = args.repeat_action_probability, args.max_episode_steps
+        self.shadow = make_envs(env_id, 1, sticky, seed, time_limit, num_threads=1, rgb_frames=True)
+        self.rollouts, self.in_sync, self.error = queue.Queue(), True, None
+        self.replayer = threading.Thread(target=self.replay, daemon=True)
+        self.replayer.start()
+
+    def add(self, actions, game_over, episodic_returns):
+        """One rollout of env 0, each (num_steps,): its actions, where its games ended, with which score."""
+        if self.in_sync:
+            self.rollouts.put((np.asarray(actions), np.asarray(game_over), np.asarray(episodic_returns)))
+
+    def replay(self):
+        try:
+            self.replay_rollouts()
+        except Exception as e:  # re-raised by close(), in the main thread
+            self.error = e
+
+    def replay_rollouts(self):
+        import imageio_ffmpeg  # imported here: only video runs pay for it
+
+        self.shadow.reset()
+        score, reset_next, writer, path = 0.0, False, None, None
+        while self.in_sync and (rollout := self.rollouts.get()) is not None:
+            for action, game_over, episodic_return in zip(*rollout):
+                screen, _, terminated, truncated, info = self.shadow.step(np.array([action]))
+                played, reset_next = not reset_next, bool(terminated[0] or truncated[0])  # a reset step: no screen
+                score += float(info["reward"][0])
+                shadow_game_over = bool(info["terminated"][0] or truncated[0])
+                if shadow_game_over != game_over or (game_over and not np.isclose(score, episodic_return)):
+                    print(f"warning: the video of env 0 lost sync in game {self.game}; no more videos", file=sys.stderr)
+                    self.in_sync = False
+                    break
+                if played and self.schedule(self.game):
+                    if writer is None:
+                        path = os.path.join(self.folder, f"game-{self.game}")
+                        writer = imageio_ffmpeg.write_frames(
+                            f"{path}.partial.mp4", (160, 210), fps=30, macro_block_size=1
+                        )
+                        writer.send(None)  # starts ffmpeg
+                    writer.send(np.ascontiguousarray(screen[0].transpose(1, 2, 0)))
+                if game_over:
+                    if writer is not None:
+                        writer.close()
+                        writer = None
+                        os.replace(f"{path}.partial.mp4", f"{path}.mp4")
+                        if self.track:
+                            import wandb
+
+                            wandb.save(f"{path}.mp4", base_path=os.path.dirname(self.folder), policy="now")
+                    self.game, score = self.game + 1, 0.0
+        if writer is not None:  # a game cut by the end of the run
+            writer.close()
+            os.remove(f"{path}.partial.mp4")
+
+    def close(self):
+        """Returns once the video of every finished game is written."""
+        self.rollouts.put(None)
+        self.replayer.join()
+        self.shadow.close()
+        if self.error is not None:
+            raise self.error
+
+
+def save_model(path: str, agent: Agent, args: Args):
+    # Written to a temporary file and renamed, so a crash never leaves a truncated file.
+    model = {"params": agent.variables, "num_actions": agent.num_actions}  # this script
+    write_msgpack({**model, "args": vars(args)}, path + ".tmp")  # this script
+    os.replace(path + ".tmp", path)
+
+
+def load_model(path: str, device) -> tuple[Agent, dict]:
+    if not os.path.isfile(path):
+        fail(f"checkpoint {path!r} does not exist")
+    try:
+        payload = read_msgpack(path)  # this script
+        agent = Agent(payload["num_actions"]).bind(params_of(payload, device))  # this script
+    except Exception as e:  # any unreadable or foreign file is the same user error
+        fail(f"checkpoint {path!r} is not a readable {os.path.basename(__file__)} model ({type(e).__name__})")
+    return agent, dict(payload["args"])
+
+
+def write_msgpack(payload: dict, path: str):
+    with open(path, "wb") as f:
+        f.write(flax.serialization.msgpack_serialize(payload))
+
+
+def read_msgpack(path: str) -> dict:
+    with open(path, "rb") as f:
+        return flax.serialization.msgpack_restore(f.read())
+
+
+def params_of(payload: dict, device):
+    """A saved model's parameters, on `device`, in the tree of a fresh Agent's."""
+    fresh = init_params(Agent(payload["num_actions"]), jax.random.key(0))
+    return jax.device_put(flax.serialization.from_state_dict(fresh, payload["params"]), device)
+
+
+def evaluate(agent: Agent, env_id: str, eval_episodes: int, device, args: Args, seed=0, video_folder=None) -> list:
+    """Plays `eval_episodes` whole games (all lives, unclipped score) with the sampled policy of `agent` (a
+    flax model: bound to its parameters), in the compiled training rollout on the training environment
+    (episodic life: envpool presses FIRE after each lost life, as in training)."""
+    num_envs = min(8, eval_episodes)
+    # Each env plays a fixed quota of games: keeping the first games to finish would favour short (bad) ones.
+    quota = [eval_episodes // num_envs + (i < eval_episodes % num_envs) for i in range(num_envs)]
+    sticky, time_limit = args.repeat_action_probability, args.max_episode_steps
+    envs = make_envs(env_id, num_envs, sticky, seed, time_limit)
+    env_state, env_step = start_envs(envs)
+    module, params = agent.unbind()
+    play = jax.jit(partial(rollout, module.clone(dtype=compute_dtype(args)), env_step, num_steps=args.num_steps))
+    params = jax.device_put(params, device)
+    first_games = lambda game: game < quota[0]
+    video = ReplayVideoRecorder(video_folder, env_id, seed, args, schedule=first_games) if video_folder else None
+    returns = [[] for _ in range(num_envs)]
+    key = jax.random.fold_in(jax.random.key(seed), 1)  # not the stream training started from
+    while any(len(r) < q for r, q in zip(returns, quota)):
+        key, rollout_key = jax.random.split(key)
+        env_state, t, _ = play(params, env_state, rollout_key)
+        game_over, episodic_returns = np.asarray(t.game_over), np.asarray(t.episodic_returns)
+        if video is not None:
+            video.add(t.actions[:, 0], game_over[:, 0], episodic_returns[:, 0])
+        for step, i in zip(*np.nonzero(game_over)):
+            if len(returns[i]) < quota[i]:
+                returns[i].append(float(episodic_returns[step, i]))
+    envs.close()
+    if video is not None:
+        video.close()
+    return [r for env_returns in returns for r in env_returns]
+
+
+def run_evaluation(args: Args, device, writer: SummaryWriter, run_name: str, agent=None) -> list:
+    """Plays --eval-episodes games with the trained agent, or else with the model --eval-checkpoint names,
+    under this command's emulator settings; prints and logs their returns."""
+    env_id = args.env_id
+    if agent is None:
+        agent, saved_args = load_model(args.eval_checkpoint, device)
+        env_id = saved_args["env_id"]
+        for name in ("repeat_action_probability", "max_episode_steps"):
+            if name in saved_args and saved_args[name] != getattr(args, name):
+                print(
+                    f"warning: evaluating with --{name.replace('_', '-')} {getattr(args, name)}; "
+                    f"the model was trained with {saved_args[name]}",
+                    file=sys.stderr,
+                )
+    video_folder = f"videos/{run_name}-eval" if args.capture_video else None
+    returns = evaluate(agent, env_id, args.eval_episodes, device, args, args.seed, video_folder)
+    for i, episodic_return in enumerate(returns):
+        print(f"eval_episode={i}, episodic_return={episodic_return}")
+        writer.add_scalar("eval/episodic_return", episodic_return, i)
+    print(f"eval: mean return {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} games")
+    return returns
+
+
+def lock_run(folder: str):
+    """Holds the run's checkpoint folder for this process while the returned file stays open: a second
+    process resuming the same run (a job started twice, a trainer that outlived its runner) would log
+    every step twice and remove the other's checkpoints."""
+    os.makedirs(folder, exist_ok=True)
+    lock = open(os.path.join(folder, "lock"), "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fail(f"{folder} is in use: another process is running this run (stop it, or wait for it to end)")
+    return lock
+
+
+def script_digest() -> str:
+    """The SHA-256 of this file: a resumed run says when the code changed since its checkpoint."""
+    with open(__file__, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+# The resume rule of every script: a resumed run may change how it is watched and saved, and where it
+# runs, never what it learns. Every other argument must be the checkpoint's.
+RESUMABLE_CHANGES = {"track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_episodes"}
+RESUMABLE_CHANGES |= {"eval_checkpoint", "progress_interval", "checkpoint_every", "resume"}
+RESUMABLE_CHANGES |= {"coordinator_address", "num_processes", "process_id"}  # this script: where it runs
+RESUMABLE_CHANGES |= {"num_devices", "local_num_envs", "local_batch_size"}  # this script: the job split anew
+
+
+def save_checkpoint(folder: str, name: str, state: dict, args: Args, run_name: str, keep: int = 2) -> str:
+    """Writes what a resumed run needs to `folder/name`, with the random streams, the run's arguments and
+    name: to a temporary file, synced and renamed, so a crash leaves the previous checkpoint or this one,
+    never a truncated file. The newest `keep` checkpoints are kept."""
+    path = os.path.join(folder, name)
+    state.update(args=vars(args), run_name=run_name, script_sha256=script_digest())
+    with open(path + ".tmp", "wb") as f:
+        f.write(flax.serialization.msgpack_serialize(state))  # this script
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+    directory = os.open(folder, os.O_RDONLY)  # the rename itself must reach the disk too
+    os.fsync(directory)
+    os.close(directory)
+    for older in sorted(glob.glob(os.path.join(folder, "*.msgpack")))[:-keep]:  # this script
+        os.remove(older)
+    print(f"checkpoint {path}", flush=True)
+    return path
+
+
+def load_checkpoint(resume: str, args: Args) -> dict | None:
+    """The checkpoint `--resume` names; `auto`: the newest of this env id, exp_name and seed in runs/, or
+    None when there is none. Its run's arguments must be this command's, but for RESUMABLE_CHANGES."""
+    if resume == "auto":
+        run_prefix = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__"
+        found = glob.glob(f"runs/{glob.escape(run_prefix)}*/checkpoints/*.msgpack")  # this script
+        if not found:
+            print(f"--resume auto: no checkpoint of {run_prefix}* in runs/, starting a new run")
+            return None
+        resume = max(found, key=os.path.getmtime)
+    if not os.path.isfile(resume):
+        fail(f"--resume {resume!r}: no such checkpoint file (pass a runs/*/checkpoints/ file or auto)")
+    try:
+        checkpoint = read_msgpack(resume)  # this script
+        saved_args, run_name, global_step = dict(checkpoint["args"]), checkpoint["run_name"], checkpoint["global_step"]
+    except Exception as e:  # an unreadable file, or a saved model instead of a checkpoint
+        fail(f"--resume {resume!r} is not a readable {os.path.basename(__file__)} checkpoint ({type(e).__name__})")
+    for name, value in vars(args).items():
+        if name not in RESUMABLE_CHANGES and saved_args.get(name) != value:
+            fail(f"--resume: the checkpoint's run has {name}={saved_args.get(name)!r}, this command {value!r}")
+    print(f"resuming {run_name} at step {global_step:,} from {resume}", flush=True)
+    if checkpoint.get("script_sha256") != script_digest():
+        print(
+            f"warning: {os.path.basename(__file__)} has changed since the checkpoint: the run goes on with it as it is"
+        )
+    return checkpoint
 
 
 if __name__ == "__main__":

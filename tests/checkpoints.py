@@ -9,21 +9,25 @@ import torch
 from common import assert_main_fails_with, read_scalars, run_dirs
 
 
-def assert_run_resumes_where_its_checkpoint_left_it(module, tmp_path, monkeypatch, capsys, args: dict) -> str:
+def assert_run_resumes_where_its_checkpoint_left_it(
+    module, tmp_path, monkeypatch, capsys, args: dict, extension: str = "pt", final_state_check=None
+) -> str:
     """A PPO script's run of 4 iterations with a checkpoint every 2 loses its last checkpoint (the machine
     went away after iteration 4 was logged, before its checkpoint was written). A second process cannot
     take the run over while the first holds it, nor a command with other hyperparameters; `--resume
     auto` goes on from iteration 2 in the run's own directory: every iteration logged once, the learning
     rate annealed over the whole run, no game twice, Adam's moments carried on, and the weights of a
-    checkpoint restored bit for bit. Returns the resumed run's output."""
+    checkpoint restored bit for bit (`final_state_check(checkpoint_path, model_path)`: the torch scripts'
+    check by default; `extension`: the checkpoint files'). Returns the resumed run's output."""
     monkeypatch.chdir(tmp_path)
     batch = args["num_envs"] * args["num_steps"]
     run = dict(args, total_timesteps=4 * batch, checkpoint_every=2)
     module.main(module.Args(**run))
     (run_dir,) = run_dirs(tmp_path)
     checkpoints = os.path.join(run_dir, "checkpoints")
-    assert sorted(os.listdir(checkpoints)) == ["iteration-0000002.pt", "iteration-0000004.pt", "lock"]
-    os.remove(os.path.join(checkpoints, "iteration-0000004.pt"))
+    kept = [f"iteration-000000{i}.{extension}" for i in (2, 4)] + ["lock"]
+    assert sorted(os.listdir(checkpoints)) == kept
+    os.remove(os.path.join(checkpoints, f"iteration-0000004.{extension}"))
     capsys.readouterr()
 
     lock = module.lock_run(checkpoints)  # a process still running the run
@@ -39,7 +43,7 @@ def assert_run_resumes_where_its_checkpoint_left_it(module, tmp_path, monkeypatc
 
     module.main(module.Args(**run, resume="auto"))
     output = capsys.readouterr().out
-    saved_at = re.escape(os.path.join(os.path.relpath(checkpoints, tmp_path), "iteration-0000002.pt"))
+    saved_at = re.escape(os.path.join(os.path.relpath(checkpoints, tmp_path), f"iteration-0000002.{extension}"))
     assert re.search(rf"resuming \S+ at step {2 * batch:,} from {saved_at}", output), output
     assert "has changed since the checkpoint" not in output
     assert f"finished 4 iterations, {4 * batch} steps" in output
@@ -57,16 +61,22 @@ def assert_run_resumes_where_its_checkpoint_left_it(module, tmp_path, monkeypatc
     game_steps = [step for step, _ in scalars["charts/episodic_return"]]
     assert game_steps, "the run finished games: their steps are checked"
     assert game_steps == sorted(set(game_steps)), "every game once, none of the first attempt's past iteration 2"
-    assert sorted(os.listdir(checkpoints)) == ["iteration-0000002.pt", "iteration-0000004.pt", "lock"]
+    assert sorted(os.listdir(checkpoints)) == kept
 
-    # Adam went on counting from the checkpoint's updates, not from zero.
-    last = torch.load(os.path.join(checkpoints, "iteration-0000004.pt"), weights_only=True)
-    updates = 4 * last["args"]["update_epochs"] * last["args"]["num_minibatches"]
-    assert all(int(state["step"]) == updates for state in last["optimizer"]["state"].values())
     # Resuming the finished run has nothing left to learn: the model it saves is the checkpoint's, bit for bit.
     module.main(module.Args(**run, resume="auto", save_model=True, eval_episodes=1))
     (model_path,) = [os.path.join(run_dir, f) for f in os.listdir(run_dir) if f.endswith(".cleanrl_model")]
+    last = os.path.join(checkpoints, f"iteration-0000004.{extension}")
+    (final_state_check or assert_torch_model_is_the_checkpoints)(last, model_path)
+    return output
+
+
+def assert_torch_model_is_the_checkpoints(checkpoint_path: str, model_path: str):
+    """Adam went on counting from the checkpoint's updates, not from zero; the saved model is the
+    checkpoint's weights, bit for bit."""
+    last = torch.load(checkpoint_path, weights_only=True)
+    updates = 4 * last["args"]["update_epochs"] * last["args"]["num_minibatches"]
+    assert all(int(state["step"]) == updates for state in last["optimizer"]["state"].values())
     saved = torch.load(model_path, weights_only=True)["model"]
     for name, value in last["model"].items():
         assert torch.equal(saved[name], value), name
-    return output
