@@ -129,10 +129,9 @@ def envpool_task(env_id: str) -> str:
 
 
 def make_envs(env_id, num_envs, repeat_action_probability, seed, max_episode_steps, noop_max=30, rgb_frames=False):
-    # Environment i is seeded with seed + i (envpool ignores reset(seed=...)). episodic_life: a lost life
-    # sets `terminated` (the learning episode ends) but the game goes on, with FIRE pressed on the reset
-    # step after it; info["terminated"] marks the real game over. reward_clip: the reward is sign(reward),
-    # info["reward"] the raw one. noop_max=0 crashes envpool 1.2.5 (1: no no-op starts). rgb_frames: the same
+    # Environment i is seeded with seed + i (envpool ignores reset(seed=...)). episodic_life: a lost life sets
+    # `terminated` but the game goes on, FIRE pressed on the next step; info["terminated"] marks the real game
+    # over. reward_clip: the reward is sign(reward), info["reward"] the raw one. rgb_frames: the same
     # games as full 210x160 RGB screens (for videos) instead of the agent's 84x84 grayscale stacks.
     return envpool.make_gymnasium(
         envpool_task(env_id),
@@ -154,19 +153,16 @@ def make_envs(env_id, num_envs, repeat_action_probability, seed, max_episode_ste
 
 
 class EpisodeStatistics:
-    """Running score and length of the game each environment is playing."""
+    """Running score of the game each environment is playing; its length is envpool's own `elapsed_step`."""
 
     def __init__(self, num_envs: int):
         self.returns = np.zeros(num_envs, dtype=np.float64)
-        self.lengths = np.zeros(num_envs, dtype=np.int64)
 
-    def step(self, rewards: np.ndarray, game_over: np.ndarray, played: np.ndarray) -> list[tuple[int, float, int]]:
+    def step(self, rewards: np.ndarray, game_over: np.ndarray, lengths: np.ndarray) -> list[tuple[int, float, int]]:
         """Adds one step of unclipped rewards; returns (env index, return, length) of finished games."""
         self.returns += rewards
-        self.lengths += played
-        finished = [(i, float(self.returns[i]), int(self.lengths[i])) for i in np.flatnonzero(game_over)]
+        finished = [(i, float(self.returns[i]), int(lengths[i])) for i in np.flatnonzero(game_over)]
         self.returns[game_over] = 0.0
-        self.lengths[game_over] = 0
         return finished
 
 
@@ -394,7 +390,9 @@ def main(args: Args):
             env0_games += bool(game_over[0])
             # The env steps of one vector step count as consecutive global steps, env 0 first, so
             # every game is logged at a step of its own.
-            for i, episodic_return, episodic_length in episode_stats.step(info["reward"], game_over, ~reset_step):
+            for i, episodic_return, episodic_length in episode_stats.step(
+                info["reward"], game_over, info["elapsed_step"]
+            ):
                 recent_returns.append(episodic_return)
                 writer.add_scalar("charts/episodic_return", episodic_return, global_step - args.num_envs + i + 1)
                 writer.add_scalar("charts/episodic_length", episodic_length, global_step - args.num_envs + i + 1)
@@ -402,7 +400,6 @@ def main(args: Args):
 
         with torch.inference_mode(), autocast:
             next_value = agent.get_value(next_obs).flatten()
-        # No advantage flows through a reset step: the step before it has done = 1.
         bootstrapped_rewards = bootstrap_truncations(rewards, values, truncations, next_value, args.gamma)
         advantages, returns = compute_gae(bootstrapped_rewards, values, dones, next_value, args.gamma, args.gae_lambda)
 
@@ -653,7 +650,6 @@ def evaluate(agent: Agent, env_id: str, eval_episodes: int, device, args: Args, 
     )
     stats, returns = EpisodeStatistics(num_envs), [[] for _ in range(num_envs)]
     obs, _ = envs.reset()  # this script
-    reset_step = np.zeros(num_envs, dtype=bool)  # this script
     while any(len(r) < q for r, q in zip(returns, quota)):
         with torch.inference_mode(), autocast:  # this script
             action = agent.get_action_and_value(torch.from_numpy(obs).to(device))[0].cpu().numpy()  # this script
@@ -661,10 +657,9 @@ def evaluate(agent: Agent, env_id: str, eval_episodes: int, device, args: Args, 
         if video is not None:
             video.step(action[0])
         game_over = info["terminated"].astype(bool) | truncated  # this script
-        for i, episodic_return, _ in stats.step(info["reward"], game_over, ~reset_step):  # this script
+        for i, episodic_return, _ in stats.step(info["reward"], game_over, info["elapsed_step"]):  # this script
             if len(returns[i]) < quota[i]:
                 returns[i].append(episodic_return)
-        reset_step = terminated | truncated  # this script
     envs.close()
     if video is not None:
         video.close()

@@ -13,18 +13,18 @@ from common import REPO_ROOT
 MARK = "# this script"
 
 # Which scripts carry which block. A script that gains a block joins its list.
-ATARI_TORCH = ["ppo_atari.py"]
-WITH_CHECKPOINTS = ["ppo_atari.py"]
+ATARI_TORCH = ["ppo_atari.py", "ppo_atari_envpool.py"]
+WITH_CHECKPOINTS = ["ppo_atari.py", "ppo_atari_envpool.py"]
 BLOCKS = {
-    "fail": ["ppo_atari.py"],
-    "start_logging": ["ppo_atari.py"],
-    "Progress": ["ppo_atari.py"],
+    "fail": ["ppo_atari.py", "ppo_atari_envpool.py"],
+    "start_logging": ["ppo_atari.py", "ppo_atari_envpool.py"],
+    "Progress": ["ppo_atari.py", "ppo_atari_envpool.py"],
     "warn_if_bf16_is_slow": ATARI_TORCH,
     "capped_cubic": ATARI_TORCH,
     "VideoRecorder": ATARI_TORCH,
     "save_model": ATARI_TORCH,
     "load_model": ATARI_TORCH,
-    "evaluate": ATARI_TORCH,
+    "evaluate": ["ppo_atari.py"],  # ppo_atari_envpool.py's resets and steps its envs in lines the template shares
     "run_evaluation": ATARI_TORCH,
     "lock_run": WITH_CHECKPOINTS,
     "script_digest": WITH_CHECKPOINTS,
