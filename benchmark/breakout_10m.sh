@@ -21,6 +21,6 @@ python "$repo/benchmark/run.py" --env-ids BreakoutNoFrameskip-v4 --seeds 1 --wor
     --command "python $repo/cleanrl/ppo_atari.py --total-timesteps 10000000 --checkpoint-every 50 --resume auto"
 
 python "$repo/benchmark/plot.py" learning --runs-dir "$study/runs" --out-dir "$study/plots" \
-    --reference "CleanRL ppo_atari.py, 10M steps, 3 seeds=414.66"
+    --reference "CleanRL ppo_atari.py, 10M steps, 3 seeds=414.66" --every 1000000
 mkdir -p "$repo/docs/img/breakout_10m"
 cp "$study"/plots/*.png "$repo/docs/img/breakout_10m/"

@@ -42,8 +42,15 @@ def main():
     results = []
     for seed in cli.seeds:
         exp_name = f"{cli.script}_bench_{int(time.time())}"
-        command = [sys.executable, os.path.join(REPO_ROOT, "cleanrl", f"{cli.script}.py"),
-                   "--seed", str(seed), "--exp-name", exp_name, *script_args]
+        command = [
+            sys.executable,
+            os.path.join(REPO_ROOT, "cleanrl", f"{cli.script}.py"),
+            "--seed",
+            str(seed),
+            "--exp-name",
+            exp_name,
+            *script_args,
+        ]
         print("$", " ".join(command), flush=True)
         start = time.time()
         subprocess.run(command, cwd=cli.workdir, check=True)
@@ -51,8 +58,10 @@ def main():
         returns = episodic_returns(run_dir)[-cli.last :]
         mean = sum(returns) / len(returns) if returns else float("nan")
         results.append((seed, mean, len(returns), time.time() - start))
-        print(f"seed {seed}: mean return of the last {len(returns)} episodes {mean:.2f} ({time.time() - start:.0f} s)",
-              flush=True)
+        print(
+            f"seed {seed}: mean return of the last {len(returns)} episodes {mean:.2f} ({time.time() - start:.0f} s)",
+            flush=True,
+        )
 
     print(f"\n{cli.script} {' '.join(script_args)}")
     for seed, mean, count, seconds in results:

@@ -109,9 +109,11 @@ def measure_sps(iterations: int) -> list[dict]:
             total = iterations * 8 * 128 * processes
             envs_flag = "--num-envs" if script == SINGLE_SCRIPT else "--local-num-envs"
             arguments = [envs_flag, "8", "--total-timesteps", str(total), "--mixed-precision", precision]
-            command = pinned_torchrun(sys.executable, script, *arguments) if prefix is None else [
-                *prefix, sys.executable, script, *arguments
-            ]
+            command = (
+                pinned_torchrun(sys.executable, script, *arguments)
+                if prefix is None
+                else [*prefix, sys.executable, script, *arguments]
+            )
             cwd = tempfile.mkdtemp(prefix="benchmark-multigpu-")
             with OtherLoad() as other:
                 result = subprocess.run(
@@ -120,11 +122,16 @@ def measure_sps(iterations: int) -> list[dict]:
             if result.returncode != 0:
                 sys.exit(f"error: {name} failed:\n{result.stderr[-2000:]}")
             run_dir = os.path.join(cwd, "runs", os.listdir(os.path.join(cwd, "runs"))[0])
-            rows.append({"configuration": name, "precision": precision, "sps": steady_sps(run_dir),
-                         "other_load": other.share})
+            rows.append(
+                {"configuration": name, "precision": precision, "sps": steady_sps(run_dir), "other_load": other.share}
+            )
             shutil.rmtree(cwd)
-            print(f"  {precision:4} {name}: {rows[-1]['sps']:.0f} SPS, other processes used {other.share:.0%} "
-                  "of the CPUs", file=sys.stderr, flush=True)
+            print(
+                f"  {precision:4} {name}: {rows[-1]['sps']:.0f} SPS, other processes used {other.share:.0%} "
+                "of the CPUs",
+                file=sys.stderr,
+                flush=True,
+            )
     return rows
 
 
@@ -136,16 +143,33 @@ def measure_split(rounds: int, iterations: int) -> list[dict]:
     for round_number in range(1, rounds + 1):
         for load in ("competitor on core 2", "quiet"):
             for split in ("even", "measured"):
-                arguments = ["--num-envs", "16", "--num-steps", "64", "--total-timesteps", str(iterations * 1024),
-                             "--env-split", split, "--split-every", "5"]
+                arguments = [
+                    "--num-envs",
+                    "16",
+                    "--num-steps",
+                    "64",
+                    "--total-timesteps",
+                    str(iterations * 1024),
+                    "--env-split",
+                    split,
+                    "--split-every",
+                    "5",
+                ]
                 cwd = tempfile.mkdtemp(prefix="benchmark-split-")
                 competitor = None
                 if load != "quiet":
-                    competitor = subprocess.Popen(["taskset", "-c", str(CORES[1]), sys.executable, "-c", "while True: pass"])
+                    competitor = subprocess.Popen(
+                        ["taskset", "-c", str(CORES[1]), sys.executable, "-c", "while True: pass"]
+                    )
                 try:
-                    result = subprocess.run(pinned_torchrun(sys.executable, SCRIPT, *arguments), cwd=cwd,
-                                            env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                                            timeout=1800)
+                    result = subprocess.run(
+                        pinned_torchrun(sys.executable, SCRIPT, *arguments),
+                        cwd=cwd,
+                        env={**os.environ, "OMP_NUM_THREADS": "1"},
+                        capture_output=True,
+                        text=True,
+                        timeout=1800,
+                    )
                 finally:
                     if competitor is not None:
                         competitor.kill()
@@ -153,13 +177,27 @@ def measure_split(rounds: int, iterations: int) -> list[dict]:
                 if result.returncode != 0:
                     sys.exit(f"error: {split} ({load}) failed:\n{result.stderr[-2000:]}")
                 run_dir = os.path.join(cwd, "runs", os.listdir(os.path.join(cwd, "runs"))[0])
-                changes = [line.split(": ", 1)[1].split(":")[0] for line in result.stdout.splitlines()
-                           if line.startswith("iteration ") and ": env split " in line]
-                rows.append({"round": round_number, "load": load, "split": split,
-                             "sps": steady_sps(run_dir, skip=0.5), "changes": changes})
+                changes = [
+                    line.split(": ", 1)[1].split(":")[0]
+                    for line in result.stdout.splitlines()
+                    if line.startswith("iteration ") and ": env split " in line
+                ]
+                rows.append(
+                    {
+                        "round": round_number,
+                        "load": load,
+                        "split": split,
+                        "sps": steady_sps(run_dir, skip=0.5),
+                        "changes": changes,
+                    }
+                )
                 shutil.rmtree(cwd)
-                print(f"  round {round_number}, {load}, {split}: {rows[-1]['sps']:.0f} SPS"
-                      f"{' (' + '; '.join(changes) + ')' if changes else ''}", file=sys.stderr, flush=True)
+                print(
+                    f"  round {round_number}, {load}, {split}: {rows[-1]['sps']:.0f} SPS"
+                    f"{' (' + '; '.join(changes) + ')' if changes else ''}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     return rows
 
 
@@ -273,8 +311,15 @@ def sync_worker(updates: int, minibatch: int):
 
 
 def measure_sync(updates: int, minibatch: int) -> dict:
-    command = pinned_torchrun(sys.executable, os.path.abspath(__file__), "--sync-worker", "--updates", str(updates),
-                              "--minibatch", str(minibatch))
+    command = pinned_torchrun(
+        sys.executable,
+        os.path.abspath(__file__),
+        "--sync-worker",
+        "--updates",
+        str(updates),
+        "--minibatch",
+        str(minibatch),
+    )
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
     with OtherLoad() as other:
         result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=1800)
@@ -289,8 +334,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=["all", "sps", "sync", "split"], default="all")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of the split comparison (default 2)")
-    parser.add_argument("--iterations", type=int, default=8,
-                        help="training iterations per SPS run (default 8; the split comparison runs 3 times as many)")
+    parser.add_argument(
+        "--iterations",
+        type=int,
+        default=8,
+        help="training iterations per SPS run (default 8; the split comparison runs 3 times as many)",
+    )
     parser.add_argument("--updates", type=int, default=20, help="timed minibatch updates per sync method (default 20)")
     parser.add_argument("--minibatch", type=int, default=256, help="samples per process per minibatch (default 256)")
     parser.add_argument("--sync-worker", action="store_true", help=argparse.SUPPRESS)
@@ -305,25 +354,32 @@ def main():
     if options.part in ("all", "sps"):
         rows = measure_sps(options.iterations)
         single_core = {row["precision"]: row["sps"] for row in rows if row["configuration"] == SINGLE_CORE}
-        print("\n| configuration | precision | SPS | vs 1 process on 1 core | CPU used by other processes |"
-              "\n|-|-|-|-|-|")
+        print(
+            "\n| configuration | precision | SPS | vs 1 process on 1 core | CPU used by other processes |\n|-|-|-|-|-|"
+        )
         for row in rows:
-            print(f"| {row['configuration']} | {'fp32' if row['precision'] == 'none' else 'bf16'} | {row['sps']:.0f} | "
-                  f"{row['sps'] / single_core[row['precision']]:.2f}x | {row['other_load']:.0%} |")
+            print(
+                f"| {row['configuration']} | {'fp32' if row['precision'] == 'none' else 'bf16'} | {row['sps']:.0f} | "
+                f"{row['sps'] / single_core[row['precision']]:.2f}x | {row['other_load']:.0%} |"
+            )
     if options.part in ("all", "sync"):
         results = measure_sync(options.updates, options.minibatch)
         for precision in ("none", "bf16"):
             times = results[precision]
             baseline = times["none"][0]
-            print(f"\n| gradient sync, {'fp32' if precision == 'none' else 'bf16'}, {options.minibatch} samples per "
-                  "process | update ms | minus no-sync update ms | ms in collective calls | communication share |"
-                  "\n|-|-|-|-|-|")
+            print(
+                f"\n| gradient sync, {'fp32' if precision == 'none' else 'bf16'}, {options.minibatch} samples per "
+                "process | update ms | minus no-sync update ms | ms in collective calls | communication share |"
+                "\n|-|-|-|-|-|"
+            )
             for name, (milliseconds, collective) in times.items():
                 # DDP's all-reduces run inside backward(): only the difference to the baseline shows them.
                 communication = milliseconds - baseline if name.startswith("DDP") else collective
-                print(f"| {name} | {milliseconds:.1f} | {milliseconds - baseline:+.1f} | "
-                      f"{'(inside backward)' if name.startswith('DDP') else f'{collective:.1f}'} | "
-                      f"{communication / milliseconds:.1%} |")
+                print(
+                    f"| {name} | {milliseconds:.1f} | {milliseconds - baseline:+.1f} | "
+                    f"{'(inside backward)' if name.startswith('DDP') else f'{collective:.1f}'} | "
+                    f"{communication / milliseconds:.1%} |"
+                )
         collectives = results["collectives"]
         ring, naive = collectives["ring all-reduce"], collectives["reduce to rank 0 + broadcast"]
         print(f"\n| collective on the {results['gradient_mb']:.1f} MB flat gradient, 2 processes | ms |\n|-|-|")
@@ -336,10 +392,15 @@ def main():
         rows = measure_split(options.rounds, 3 * options.iterations)
         print("\n| round | load | --env-split | steady SPS | measured / even | split changes |\n|-|-|-|-|-|-|")
         for row in rows:
-            even = next(r["sps"] for r in rows if r["round"] == row["round"] and r["load"] == row["load"]
-                        and r["split"] == "even")
-            print(f"| {row['round']} | {row['load']} | {row['split']} | {row['sps']:.0f} | {row['sps'] / even:.2f}x | "
-                  f"{'; '.join(row['changes']) or '-'} |")
+            even = next(
+                r["sps"]
+                for r in rows
+                if r["round"] == row["round"] and r["load"] == row["load"] and r["split"] == "even"
+            )
+            print(
+                f"| {row['round']} | {row['load']} | {row['split']} | {row['sps']:.0f} | {row['sps'] / even:.2f}x | "
+                f"{'; '.join(row['changes']) or '-'} |"
+            )
         for load in ("competitor on core 2", "quiet"):
             ratio = lambda split: statistics.median(r["sps"] for r in rows if r["load"] == load and r["split"] == split)
             print(f"{load}: measured / even = {ratio('measured') / ratio('even'):.2f}x (medians over the rounds)")

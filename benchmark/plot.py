@@ -258,8 +258,9 @@ def script_colors(scripts) -> dict[str, tuple]:
     return {script: palette(i % 10) for i, script in enumerate(sorted(set(scripts)))}
 
 
-def plot_returns(runs: list[Run], axis: str, window: int) -> plt.Figure:
-    """One panel per env id, one line per script: the mean over seeds (band: +- std over seeds)."""
+def plot_returns(runs: list[Run], axis: str, window: int, references=()) -> plt.Figure:
+    """One panel per env id, one line per script: the mean over seeds (band: +- std over seeds).
+    references: (label, return) pairs drawn as dashed horizontal lines on every panel."""
     groups = group(runs)
     env_ids = sorted({env_id for env_id, _ in groups})
     colors = script_colors(script for _, script in groups)
@@ -283,6 +284,8 @@ def plot_returns(runs: list[Run], axis: str, window: int) -> plt.Figure:
             ax.plot(grid, mean, color=colors[script], label=f"{script} ({seeds})")
             if len(members) > 1:
                 ax.fill_between(grid, mean - std, mean + std, color=colors[script], alpha=0.2, linewidth=0)
+        for (label, value), style in zip(references, ["--", ":", "-."] * len(references)):
+            ax.axhline(value, color="black", linestyle=style, linewidth=1, label=label)
         ax.set_title(env_id)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(f"episodic return (last {window})")
@@ -309,6 +312,19 @@ def results_table(runs: list[Run], window: int) -> str:
             f"| {env_id} | {script} | {', '.join(str(run.seed) for run in members)} | {format_mean_std(finals)} "
             f"| {f'{np.median(sps):,.0f}' if sps else '-'} |"
         )
+    return "\n".join(lines) + "\n"
+
+
+def milestones_table(runs: list[Run], window: int, every: int) -> str:
+    """Each run's mean return of its last `window` games at every `every` steps (the games logged by then)."""
+    lines = [f"| env id | script | seed | steps | mean return of the last {window} games | games |", "|---|---|---|---|---|---|"]
+    for (env_id, script), members in group(runs).items():
+        for run in members:
+            for milestone in range(every, int(last_step(run)) + 1, every):
+                played = run.returns[run.episode_steps <= milestone]
+                if played.size:
+                    mean = np.mean(played[-window:])
+                    lines.append(f"| {env_id} | {script} | {run.seed} | {milestone:,} | {mean:.2f} | {played.size:,} |")
     return "\n".join(lines) + "\n"
 
 
@@ -385,6 +401,14 @@ def save(figure: plt.Figure, path: str):
     print(f"wrote {path}")
 
 
+def parse_reference(text: str) -> tuple[str, float]:
+    label, _, value = text.rpartition("=")
+    try:
+        return label.strip(), float(value)
+    except ValueError:
+        fail(f"--reference {text!r}: expected LABEL=RETURN, e.g. 'CleanRL, 10M steps=414.66'")
+
+
 def learning(cli):
     if not os.path.isdir(cli.runs_dir):
         fail(f"no folder {cli.runs_dir}: give the folder the scripts wrote their runs to with --runs-dir")
@@ -392,9 +416,12 @@ def learning(cli):
     if not runs:
         fail(f"no usable run in {cli.runs_dir} (see the warnings above)")
     os.makedirs(cli.out_dir, exist_ok=True)
-    save(plot_returns(runs, "steps", cli.window), os.path.join(cli.out_dir, "returns_vs_steps.png"))
-    save(plot_returns(runs, "time", cli.window), os.path.join(cli.out_dir, "returns_vs_time.png"))
+    references = [parse_reference(text) for text in cli.reference]
+    save(plot_returns(runs, "steps", cli.window, references), os.path.join(cli.out_dir, "returns_vs_steps.png"))
+    save(plot_returns(runs, "time", cli.window, references), os.path.join(cli.out_dir, "returns_vs_time.png"))
     report = "## Final return and speed\n\n" + results_table(runs, cli.window)
+    if cli.every:
+        report += f"\n## Along the way, every {cli.every:,} steps\n\n" + milestones_table(runs, cli.window, cli.every)
     normalized = normalized_scores(runs, cli.window)
     if normalized is None:
         print("aggregate figures left out: they need 3 or more Atari games that every script ran")
@@ -473,13 +500,17 @@ def main():
     runs.add_argument("--out-dir", default="plots", help="where the PNGs and results.md go (default: plots)")
     runs.add_argument("--window", type=int, default=100, help="episodes in each run's final mean (default 100)")
     runs.add_argument("--reps", type=int, default=50000, help="bootstrap resamples of the aggregate (default 50000)")
+    runs.add_argument("--reference", action="append", default=[], metavar="LABEL=RETURN",
+                      help="a published result drawn as a dashed line on every panel (repeatable)")
+    runs.add_argument("--every", type=int, default=0, metavar="STEPS",
+                      help="also tabulate each run's last-window mean at every STEPS steps (default: off)")
     speed = commands.add_parser("throughput", help="the bar chart of a `benchmark/throughput.py --json` result")
     speed.add_argument("results", help="the JSON file written by benchmark/throughput.py --json")
     speed.add_argument("--out-dir", default="plots", help="where throughput.png goes (default: plots)")
     cli = parser.parse_args()
     if cli.figure == "learning":
-        if cli.window < 1 or cli.reps < 1:
-            fail("--window and --reps must be positive")
+        if cli.window < 1 or cli.reps < 1 or cli.every < 0:
+            fail("--window and --reps must be positive, --every 0 or positive")
         learning(cli)
     else:
         throughput(cli)

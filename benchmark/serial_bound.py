@@ -48,8 +48,10 @@ sys.path.insert(0, REPO_ROOT)
 # script: (env id, arguments of the real run: a short learning phase reached early)
 SCRIPTS = {
     "dqn": ("CartPole-v1", ["--learning-starts", "2000", "--total-timesteps", "30000"]),
-    "dqn_atari": ("BreakoutNoFrameskip-v4", ["--learning-starts", "2000", "--buffer-size", "50000",
-                                             "--total-timesteps", "8000"]),
+    "dqn_atari": (
+        "BreakoutNoFrameskip-v4",
+        ["--learning-starts", "2000", "--buffer-size", "50000", "--total-timesteps", "8000"],
+    ),
     "ppo_continuous_action": ("HalfCheetah-v5", ["--total-timesteps", str(6 * 2048)]),
     "sac_continuous_action": ("HalfCheetah-v5", ["--learning-starts", "1000", "--total-timesteps", "4000"]),
 }
@@ -124,8 +126,12 @@ class NetworkWork:
 def network_work(script: str, module, env) -> NetworkWork:
     torch.manual_seed(0)
     args = module.Args()
-    return {"dqn": dqn_work, "dqn_atari": dqn_work, "ppo_continuous_action": ppo_work,
-            "sac_continuous_action": sac_work}[script](module, args, env)
+    return {
+        "dqn": dqn_work,
+        "dqn_atari": dqn_work,
+        "ppo_continuous_action": ppo_work,
+        "sac_continuous_action": sac_work,
+    }[script](module, args, env)
 
 
 def dqn_work(module, args, envs) -> NetworkWork:
@@ -137,7 +143,10 @@ def dqn_work(module, args, envs) -> NetworkWork:
         target_network = module.QNetwork(num_actions).to(memory_format=torch.channels_last)
         obs = torch.randint(0, 256, (args.batch_size, *obs_shape), dtype=torch.uint8)
     else:
-        q_network, target_network = module.QNetwork(obs_shape[0], num_actions), module.QNetwork(obs_shape[0], num_actions)
+        q_network, target_network = (
+            module.QNetwork(obs_shape[0], num_actions),
+            module.QNetwork(obs_shape[0], num_actions),
+        )
         obs = torch.randn(args.batch_size, *obs_shape)
     loss_function = F.smooth_l1_loss if atari else F.mse_loss  # the scripts' losses
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)  # as the scripts'
@@ -182,8 +191,15 @@ def sac_work(module, args, env) -> NetworkWork:
         step[0] += 1
         with torch.no_grad():
             next_actions, next_log_pi, _ = actor.get_action(next_obs)
-            target = module.soft_td_target(rewards, terminations, qf1_target(next_obs, next_actions),
-                                           qf2_target(next_obs, next_actions), next_log_pi, 0.2, args.gamma)
+            target = module.soft_td_target(
+                rewards,
+                terminations,
+                qf1_target(next_obs, next_actions),
+                qf2_target(next_obs, next_actions),
+                next_log_pi,
+                0.2,
+                args.gamma,
+            )
         qf_loss = F.mse_loss(qf1(obs, actions), target) + F.mse_loss(qf2(obs, actions), target)
         q_optimizer.zero_grad(set_to_none=True)
         qf_loss.backward()
@@ -230,8 +246,9 @@ def ppo_work(module, args, envs) -> NetworkWork:
             for start in range(0, batch_size, minibatch_size):
                 mb = inds[start : start + minibatch_size]
                 _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs[mb], actions[mb])
-                loss, _ = module.ppo_loss(newlogprob, entropy, newvalue, logprobs[mb], advantages[mb], returns[mb],
-                                          values[mb], args)
+                loss, _ = module.ppo_loss(
+                    newlogprob, entropy, newvalue, logprobs[mb], advantages[mb], returns[mb], values[mb], args
+                )
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
@@ -327,9 +344,12 @@ def main():
             samples[script]["loop"].append(in_fresh_process(measure_loop, script, env_id))
             samples[script]["real"].append(measure_real(script, run_arguments))
             env, nn, loop, real = (samples[script][k][-1] for k in ("env", "nn", "loop", "real"))
-            print(f"  round {round_number}, {script}: env {env * 1e3:.3f} ms, nn {nn * 1e3:.3f} ms per step, "
-                  f"bound {1 / (env + nn):.0f} SPS, loop {1 / loop:.0f} SPS, real {real:.0f} SPS",
-                  file=sys.stderr, flush=True)
+            print(
+                f"  round {round_number}, {script}: env {env * 1e3:.3f} ms, nn {nn * 1e3:.3f} ms per step, "
+                f"bound {1 / (env + nn):.0f} SPS, loop {1 / loop:.0f} SPS, real {real:.0f} SPS",
+                file=sys.stderr,
+                flush=True,
+            )
 
     # The fractions are the medians of each round's own: this machine's speed drifts over minutes,
     # and the measurements of one round are minutes apart at most.
@@ -339,9 +359,11 @@ def main():
         env, nn, loop, real = (samples[script][k] for k in ("env", "nn", "loop", "real"))
         of_bound = statistics.median(r * (e + n) for r, e, n in zip(real, env, nn))
         of_loop = statistics.median(r * s for r, s in zip(real, loop))
-        print(f"| `{script}.py` | {statistics.median(env) * 1e3:.3f} | {statistics.median(nn) * 1e3:.3f} "
-              f"| {1 / (statistics.median(env) + statistics.median(nn)):.0f} | {1 / statistics.median(loop):.0f} "
-              f"| {statistics.median(real):.0f} | **{of_bound:.2f}** | **{of_loop:.2f}** |")
+        print(
+            f"| `{script}.py` | {statistics.median(env) * 1e3:.3f} | {statistics.median(nn) * 1e3:.3f} "
+            f"| {1 / (statistics.median(env) + statistics.median(nn)):.0f} | {1 / statistics.median(loop):.0f} "
+            f"| {statistics.median(real):.0f} | **{of_bound:.2f}** | **{of_loop:.2f}** |"
+        )
     print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

@@ -167,8 +167,12 @@ def measure_nn_jax(module, num_envs: int, num_steps: int, precision: str, repeat
     batch_size = args.batch_size
     uniform = jax.random.uniform(keys[1], (3, batch_size))
     batch = module.Batch(
-        obs.reshape((batch_size, 4, 84, 84)), jax.random.randint(keys[2], (batch_size,), 0, 4),
-        jnp.log(uniform[0] * 0.9 + 0.05), uniform[1], uniform[2] - 0.5, uniform[1] + uniform[2] - 0.5,
+        obs.reshape((batch_size, 4, 84, 84)),
+        jax.random.randint(keys[2], (batch_size,), 0, 4),
+        jnp.log(uniform[0] * 0.9 + 0.05),
+        uniform[1],
+        uniform[2] - 0.5,
+        uniform[1] + uniform[2] - 0.5,
         jnp.ones(batch_size, bool),
     )
     perms = jax.vmap(lambda k: jax.random.permutation(k, batch_size))(jax.random.split(keys[3], args.update_epochs))
@@ -176,10 +180,13 @@ def measure_nn_jax(module, num_envs: int, num_steps: int, precision: str, repeat
     # Everything lives on a one-device mesh from the start, as in the script: an input that changes
     # placement between calls would be compiled for again inside the timed iterations.
     mesh = Mesh(np.array(jax.devices()[:1]), ("devices",))
-    train_state, obs, batch, perms = jax.device_put((train_state, obs, batch, perms), NamedSharding(mesh, PartitionSpec()))
+    train_state, obs, batch, perms = jax.device_put(
+        (train_state, obs, batch, perms), NamedSharding(mesh, PartitionSpec())
+    )
     sharded = lambda f, num_inputs: jax.jit(
-        jax.shard_map(f, mesh=mesh, in_specs=(PartitionSpec(),) * num_inputs, out_specs=PartitionSpec(),
-                      check_vma=False)
+        jax.shard_map(
+            f, mesh=mesh, in_specs=(PartitionSpec(),) * num_inputs, out_specs=PartitionSpec(), check_vma=False
+        )
     )
     update_all = sharded(partial(module.update_epochs, agent=agent, tx=tx, args=args, axis_name="devices"), 4)
     update = lambda train_state: update_all(train_state, batch, perms, args.learning_rate)[0]
@@ -196,8 +203,14 @@ def measure_nn_jax(module, num_envs: int, num_steps: int, precision: str, repeat
 
 
 def measure_real(
-    script: str, env_id: str, num_envs: int, num_steps: int, iterations: int, precision: str,
-    seconds: float | None = None, processes: int = 1,
+    script: str,
+    env_id: str,
+    num_envs: int,
+    num_steps: int,
+    iterations: int,
+    precision: str,
+    seconds: float | None = None,
+    processes: int = 1,
 ):
     """The script's training run: (the SPS it logged last, its steady SPS after the first iteration).
 
@@ -209,9 +222,18 @@ def measure_real(
     total_timesteps = processes * num_envs * num_steps * (iterations if seconds is None else 10**6)
     launcher = [TORCHRUN, "--standalone", f"--nproc-per-node={processes}"] if processes > 1 else [sys.executable]
     command = [
-        *launcher, os.path.join(REPO_ROOT, "cleanrl", f"{script}.py"), "--env-id", env_id,
-        envs_flag, str(num_envs), "--num-steps", str(num_steps),
-        "--total-timesteps", str(total_timesteps), "--mixed-precision", precision,
+        *launcher,
+        os.path.join(REPO_ROOT, "cleanrl", f"{script}.py"),
+        "--env-id",
+        env_id,
+        envs_flag,
+        str(num_envs),
+        "--num-steps",
+        str(num_steps),
+        "--total-timesteps",
+        str(total_timesteps),
+        "--mixed-precision",
+        precision,
     ]
     with tempfile.TemporaryDirectory() as workdir:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=workdir)
@@ -246,8 +268,9 @@ def label(script: str, processes: int) -> str:
     return f"{script} x{processes}" if script == TORCHRUN_SCRIPT else script
 
 
-def summarize(samples: dict, scripts: list[str], precisions: list[str], batch_size: int, num_steps: int,
-              num_envs: int) -> list[dict]:
+def summarize(
+    samples: dict, scripts: list[str], precisions: list[str], batch_size: int, num_steps: int, num_envs: int
+) -> list[dict]:
     """One row per script, processes and precision: the medians over the rounds of what was measured
     (None for what was not: the serial bound needs the env-only and NN-only times)."""
     median = lambda *key: statistics.median(samples[key]) if key in samples else None
@@ -259,19 +282,21 @@ def summarize(samples: dict, scripts: list[str], precisions: list[str], batch_si
             steady = median(script, processes, precision, "steady")
             measured = env_seconds is not None and nn_seconds is not None
             bound = batch_size / (num_steps * env_seconds + nn_seconds) if measured else None
-            rows.append({
-                "script": script,
-                "processes": processes,
-                "precision": PRECISION_NAMES[precision],
-                "env_ms_per_step": None if env_seconds is None else env_seconds * 1e3,
-                "env_only_sps": None if env_seconds is None else num_envs / env_seconds,
-                "nn_s_per_iteration": nn_seconds,
-                "bound_sps": bound,
-                "logged_sps": median(script, processes, precision, "reported"),
-                "steady_sps": steady,
-                "steady_sps_per_round": samples[(script, processes, precision, "steady")],
-                "fraction_of_bound": None if bound is None else steady / bound,
-            })
+            rows.append(
+                {
+                    "script": script,
+                    "processes": processes,
+                    "precision": PRECISION_NAMES[precision],
+                    "env_ms_per_step": None if env_seconds is None else env_seconds * 1e3,
+                    "env_only_sps": None if env_seconds is None else num_envs / env_seconds,
+                    "nn_s_per_iteration": nn_seconds,
+                    "bound_sps": bound,
+                    "logged_sps": median(script, processes, precision, "reported"),
+                    "steady_sps": steady,
+                    "steady_sps_per_round": samples[(script, processes, precision, "steady")],
+                    "fraction_of_bound": None if bound is None else steady / bound,
+                }
+            )
     return rows
 
 
@@ -297,8 +322,11 @@ def main():
     parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions of every measurement")
     parser.add_argument("--seconds", type=float, help="train for this long in each real run instead of --iterations")
     parser.add_argument("--real-only", action="store_true", help="only the real runs (the only ones fit for a GPU)")
-    parser.add_argument("--json", help="also write the table's rows, each round's steady SPS and the set-up to this "
-                                       "file (for `benchmark/plot.py throughput`)")
+    parser.add_argument(
+        "--json",
+        help="also write the table's rows, each round's steady SPS and the set-up to this "
+        "file (for `benchmark/plot.py throughput`)",
+    )
     cli = parser.parse_args()
     if cli.iterations < 3:
         sys.exit("error: --iterations must be at least 3 (the steady SPS leaves the first one out)")
@@ -321,8 +349,10 @@ def main():
                 )
                 record((script, processes, precision, "reported"), reported)
                 record((script, processes, precision, "steady"), steady)
-                print(f"round {round_index + 1}: {label(script, processes)} {precision}: {steady:.0f} steady SPS",
-                      flush=True)
+                print(
+                    f"round {round_index + 1}: {label(script, processes)} {precision}: {steady:.0f} steady SPS",
+                    flush=True,
+                )
 
     batch_size = cli.num_envs * cli.num_steps
     rows = summarize(samples, cli.scripts, cli.precisions, batch_size, cli.num_steps, cli.num_envs)
@@ -347,13 +377,22 @@ def main():
     if "ppo_atari" in cli.scripts and "none" in cli.precisions:
         for (script, processes, precision), value in steady.items():
             if script != "ppo_atari":
-                print(f"{label(script, processes)} {precision} / ppo_atari fp32 steady SPS = "
-                      f"{value / steady['ppo_atari', 1, 'fp32']:.2f}x")
+                print(
+                    f"{label(script, processes)} {precision} / ppo_atari fp32 steady SPS = "
+                    f"{value / steady['ppo_atari', 1, 'fp32']:.2f}x"
+                )
     if cli.json:
         setup = {
-            "env_id": cli.env_id, "num_envs": cli.num_envs, "num_steps": cli.num_steps, "rounds": cli.rounds,
-            "iterations": None if cli.seconds else cli.iterations, "seconds": cli.seconds,
-            "real_only": cli.real_only, "cpus": os.cpu_count(), "cpu": cpu_description(), "torch": torch.__version__,
+            "env_id": cli.env_id,
+            "num_envs": cli.num_envs,
+            "num_steps": cli.num_steps,
+            "rounds": cli.rounds,
+            "iterations": None if cli.seconds else cli.iterations,
+            "seconds": cli.seconds,
+            "real_only": cli.real_only,
+            "cpus": os.cpu_count(),
+            "cpu": cpu_description(),
+            "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d %H:%M"),
         }
         with open(cli.json, "w") as f:

@@ -1,12 +1,10 @@
-"""Deep Q-Network (DQN) for classic-control environments with discrete actions.
+"""DQN for classic control (gymnasium 1.x), one file.
 
-DQN with a replay buffer, a target network (a hard copy every `target_network_frequency` steps,
-or Polyak averaging with `--tau` < 1), a linearly decaying epsilon-greedy exploration, learning
-starts and a train frequency: CartPole-v1 by default, in a gymnasium `SyncVectorEnv` with SAME_STEP
-autoreset. A time-limit truncation is bootstrapped from the real last observation; only a
-termination ends the TD target. Logs to TensorBoard (and to W&B with `--track`).
-
-Run: `python cleanrl/dqn.py --env-id CartPole-v1 --seed 1`; `--help` lists every option.
+Deep Q-learning with a replay memory, a target network (a hard copy every `target_network_frequency`
+steps, or Polyak averaging with `--tau` < 1) and a linearly decaying epsilon-greedy exploration, on
+CartPole-v1 by default, in a gymnasium `SyncVectorEnv` with SAME_STEP autoreset: a time-limit
+truncation is bootstrapped from the real last observation; only a termination ends the TD target.
+Beside the algorithm: videos, and evaluation of a saved model.
 Docs: docs/dqn.md
 """
 
@@ -29,7 +27,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 @dataclass
 class Args:
-    # experiment
+    # Experiment
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment (part of the run name)"""
     seed: int = 1
@@ -57,11 +55,11 @@ class Args:
     progress_interval: float = 30.0
     """seconds between plain progress lines when stderr is not a terminal (log files, Slurm, nohup)"""
 
-    # environment
+    # Environment
     env_id: str = "CartPole-v1"
     """the gymnasium id of the environment (discrete actions, flat observations)"""
 
-    # algorithm
+    # Algorithm
     total_timesteps: int = 500000
     """total number of environment steps of the experiment (all envs together)"""
     learning_rate: float = 2.5e-4
@@ -94,37 +92,6 @@ class Args:
 LOG_EVERY = 100
 
 
-def fail(message: str):
-    """A user error: one line naming the problem, a non-zero exit, no traceback."""
-    sys.exit(f"error: {message}")
-
-
-def check_args(args: Args):
-    counts = dict(
-        num_envs=args.num_envs, buffer_size=args.buffer_size, batch_size=args.batch_size,
-        total_timesteps=args.total_timesteps, train_frequency=args.train_frequency,
-        target_network_frequency=args.target_network_frequency, eval_episodes=args.eval_episodes,
-    )
-    for name, value in counts.items():
-        if value < 1:
-            fail(f"--{name.replace('_', '-')} must be positive, got {value}")
-    for name in ("start_e", "end_e", "exploration_fraction", "eval_epsilon"):
-        if not 0.0 <= getattr(args, name) <= 1.0:
-            fail(f"--{name.replace('_', '-')} must lie in [0, 1], got {getattr(args, name)}")
-    if not 0.0 < args.tau <= 1.0:
-        fail(f"--tau must lie in (0, 1], got {args.tau}")
-    if args.buffer_size < args.num_envs:  # one vector step would overwrite its own transitions
-        fail(f"--buffer-size {args.buffer_size} is smaller than one step of the {args.num_envs} envs")
-    if args.eval_checkpoint is None:
-        if args.total_timesteps < args.num_envs:
-            fail(f"--total-timesteps {args.total_timesteps} is less than one step of the {args.num_envs} envs")
-        if not 0 <= args.learning_starts < args.total_timesteps:
-            fail(
-                f"--learning-starts {args.learning_starts} must lie in [0, total_timesteps = "
-                f"{args.total_timesteps}): the run would never update; lower it"
-            )
-
-
 # ---------------------------------------------------------------------------------------------
 # Environment
 # ---------------------------------------------------------------------------------------------
@@ -138,22 +105,18 @@ def make_env(env_id: str, video_folder: str | None = None, record_every_episode:
 
 
 def make_envs(env_id: str, num_envs: int, capture_video: bool, run_name: str) -> gym.vector.SyncVectorEnv:
-    def thunk(index: int):
-        return lambda: make_env(env_id, f"videos/{run_name}" if capture_video and index == 0 else None)
-
-    # SAME_STEP: the step that ends an episode already returns the next episode's first
-    # observation, and the real last observation comes in infos["final_obs"]. gymnasium 1.x
-    # defaults to NEXT_STEP instead, whose reset step (reward 0, action ignored) would enter the
-    # replay memory as a fake transition.
-    return gym.vector.SyncVectorEnv(
-        [thunk(i) for i in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
-    )
+    # SAME_STEP: the step that ends an episode already returns the next episode's first observation, and
+    # the real last one comes in infos["final_obs"]. gymnasium 1.x's default, NEXT_STEP, would put its
+    # reset step (reward 0, action ignored) into the replay memory as a fake transition.
+    video_folder = f"videos/{run_name}" if capture_video else None
+    thunks = [lambda i=i: make_env(env_id, video_folder if i == 0 else None) for i in range(num_envs)]
+    return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
 
 def real_next_obs(next_obs: np.ndarray, infos: dict, episode_done: np.ndarray) -> np.ndarray:
-    """The observation each env's step really ended in, (num_envs, ...): for an env whose episode
-    ended, SAME_STEP autoreset returns the next episode's first observation in `next_obs` and the
-    real last one in infos["final_obs"] (an object array, None where the episode goes on)."""
+    """The observation each env's step really ended in, (num_envs, ...): where an episode ended, SAME_STEP
+    autoreset returns the next episode's first observation in `next_obs` and the real last one in
+    infos["final_obs"] (an object array, None where the episode goes on)."""
     if not episode_done.any():
         return next_obs
     real = next_obs.copy()
@@ -170,7 +133,7 @@ class EpisodeStatistics:
         self.lengths = np.zeros(num_envs, dtype=np.int64)
 
     def update(self, rewards: np.ndarray, dones: np.ndarray) -> list[tuple[int, float, int]]:
-        """Count one step of every env; return (env index, return, length) of each episode that ended."""
+        """Counts one step of every env; returns (env index, return, length) of each episode that ended."""
         self.returns += rewards
         self.lengths += 1
         if not dones.any():  # most steps: skip the bookkeeping below
@@ -185,12 +148,10 @@ class EpisodeStatistics:
 # Replay memory
 # ---------------------------------------------------------------------------------------------
 class ReplayBuffer:
-    """The last `size` transitions of all envs (one per env step), the oldest overwritten first.
-
-    Each row holds (obs, action, reward, next_obs, termination). next_obs is the observation the
-    step really ended in, also at a truncation; the row's `done` is the termination alone, so the
-    TD target bootstraps through a time limit and stops at a real end.
-    """
+    """The last `size` transitions of all envs (one per env step), the oldest overwritten first. Each row
+    holds (obs, action, reward, next_obs, termination): next_obs is the observation the step really ended
+    in, also at a truncation, and `done` the termination alone, so the TD target bootstraps through a time
+    limit and stops at a real end."""
 
     def __init__(self, size: int, obs_shape: tuple[int, ...]):
         self.size, self.pos, self.count = size, 0, 0
@@ -210,9 +171,10 @@ class ReplayBuffer:
         self.count = min(self.count + n, self.size)
 
     def sample(self, batch_size: int, rng: np.random.Generator, device) -> dict[str, torch.Tensor]:
-        # uniform with replacement, as the original DQN
-        rows = rng.integers(0, self.count, size=batch_size)
-        fields = dict(obs=self.obs, actions=self.actions, rewards=self.rewards, next_obs=self.next_obs, dones=self.dones)
+        rows = rng.integers(0, self.count, size=batch_size)  # uniform with replacement, as the original DQN
+        fields = dict(
+            obs=self.obs, actions=self.actions, rewards=self.rewards, next_obs=self.next_obs, dones=self.dones
+        )
         return {name: torch.from_numpy(array[rows]).to(device) for name, array in fields.items()}
 
 
@@ -222,6 +184,7 @@ class ReplayBuffer:
 class QNetwork(nn.Module):
     def __init__(self, obs_dim: int, num_actions: int):
         super().__init__()
+        self.sizes = (obs_dim, num_actions)
         self.network = nn.Sequential(
             nn.Linear(obs_dim, 120),
             nn.ReLU(),
@@ -246,22 +209,17 @@ def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> fl
 
 def td_target(rewards: torch.Tensor, dones: torch.Tensor, next_q_values: torch.Tensor, gamma: float) -> torch.Tensor:
     """r + gamma * max_a Q_target(s', a), without the bootstrap where the episode terminated.
-
-    rewards, dones: (batch,); dones is 1.0 where the transition terminated the episode (a
-    truncation is not one: its s' is the real last observation and its future is bootstrapped).
-    next_q_values: (batch, num_actions), the target network's Q-values of s'.
-    """
+    rewards, dones: (batch,); dones is 1.0 where the transition terminated the episode (a truncation is
+    not one: its s' is the real last observation and its future is bootstrapped). next_q_values:
+    (batch, num_actions), the target network's Q-values of s'."""
     return rewards + gamma * (1.0 - dones) * next_q_values.max(dim=1).values
 
 
 def epsilon_greedy(q_network: nn.Module, obs: np.ndarray, epsilon: float, num_actions: int, rng, device):
-    """One action per env: uniformly random with probability epsilon (each env on its own coin),
-    else the argmax of the Q-values.
-
-    A step of a classic-control env costs a fraction of a millisecond, so this stays lean: one draw
-    gives the coins and the random actions (numpy's integers() alone would add 5% to a step), and
-    the network runs only when some env acts greedily.
-    """
+    """One action per env: uniformly random with probability epsilon (each env on its own coin), else the
+    argmax of the Q-values. A classic-control step costs a fraction of a millisecond, so this stays lean:
+    one draw gives the coins and the random actions (numpy's integers() alone would add 5% to a step), and
+    the network runs only when some env acts greedily."""
     coins, uniforms = rng.random((2, len(obs)))
     explore = coins < epsilon
     num_exploring = np.count_nonzero(explore)
@@ -281,43 +239,223 @@ def update_target(target_network: nn.Module, q_network: nn.Module, tau: float):
             target_param.mul_(1.0 - tau).add_(param, alpha=tau)
 
 
-# ---------------------------------------------------------------------------------------------
-# Saving and evaluation
-# ---------------------------------------------------------------------------------------------
-def save_model(path: str, q_network: QNetwork, args: Args):
-    # Written to a temporary file and renamed, so a crash never leaves a truncated checkpoint.
-    first, last = q_network.network[0], q_network.network[-1]
-    payload = {
-        "model": q_network.state_dict(), "args": vars(args),
-        "obs_dim": first.in_features, "num_actions": last.out_features,
-    }
-    torch.save(payload, path + ".tmp")
+def main(args: Args):
+    check_args(args)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    # The network is tiny, so extra intra-op threads gain nothing; when other processes share the
+    # cores (several seeds at once) their spin-waits slow every step down many times.
+    torch.set_num_threads(1)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    if args.eval_checkpoint is not None:  # no training: play the saved model's episodes
+        q_network, saved_args = load_model(args.eval_checkpoint, device)
+        env_id = saved_args["env_id"]  # the run is named after the env it plays
+        run_name = f"{env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        writer = start_logging(args, run_name, None)
+        evaluate_episodes(args, device, writer, run_name, q_network, env_id)
+        writer.close()
+        upload_videos(args, run_name)
+        return
+    run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    try:
+        envs = make_envs(args.env_id, args.num_envs, args.capture_video, run_name)
+        obs, _ = envs.reset(seed=args.seed)  # a missing render dependency of --capture-video (pygame) shows here
+    except gym.error.Error as e:
+        fail(f"cannot make environment {args.env_id!r}: {e}")
+    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
+        fail(f"{args.env_id} has action space {envs.single_action_space}; DQN needs a Discrete one")
+    obs_space = envs.single_observation_space
+    if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1):
+        fail(f"{args.env_id} has observation space {obs_space}; this script needs a flat Box (vectors)")
+    writer = start_logging(args, run_name, None)
+
+    num_actions = int(envs.single_action_space.n)
+    q_network = QNetwork(obs_space.shape[0], num_actions).to(device)
+    # fused: one kernel for all parameters instead of a dozen small ops per tensor (the same algorithm)
+    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)
+    target_network = QNetwork(obs_space.shape[0], num_actions).to(device)
+    target_network.load_state_dict(q_network.state_dict())
+    rb = ReplayBuffer(args.buffer_size, obs_space.shape)
+    rng = np.random.default_rng(args.seed)  # the exploration and the memory's sampling
+
+    episode_stats = EpisodeStatistics(args.num_envs)
+    recent_returns = deque(maxlen=20)
+    num_vector_steps = args.total_timesteps // args.num_envs
+    total_steps = num_vector_steps * args.num_envs
+    progress = Progress(total_steps, args.progress_interval)
+    exploration_steps = args.exploration_fraction * args.total_timesteps
+    global_step, num_updates = 0, 0
+    window = []  # (TD loss, mean Q(s, a)) of the updates since the last log point
+    start_time = time.time()
+
+    for _ in range(num_vector_steps):
+        epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
+        actions = epsilon_greedy(q_network, obs, epsilon, num_actions, rng, device)
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+        episode_done = terminations | truncations
+        rb.add(obs, real_next_obs(next_obs, infos, episode_done), actions, rewards, terminations)
+        obs = next_obs
+
+        # The env steps of one vector step count as consecutive global steps, env 0 first, so every
+        # episode is logged at a step of its own.
+        for i, episodic_return, episodic_length in episode_stats.update(rewards, episode_done):
+            recent_returns.append(episodic_return)
+            writer.add_scalar("charts/episodic_return", episodic_return, global_step + i + 1)
+            writer.add_scalar("charts/episodic_length", episodic_length, global_step + i + 1)
+
+        # The schedule is counted in env steps, whatever num_envs is: an update at every step past
+        # learning_starts that is a multiple of train_frequency, a target update at every multiple of
+        # target_network_frequency (with num_envs = 1, the original DQN loop).
+        for step in range(global_step + 1, global_step + args.num_envs + 1):
+            if step > args.learning_starts and step % args.train_frequency == 0:
+                batch = rb.sample(args.batch_size, rng, device)
+                with torch.no_grad():
+                    target = td_target(batch["rewards"], batch["dones"], target_network(batch["next_obs"]), args.gamma)
+                q_taken = q_network(batch["obs"]).gather(1, batch["actions"][:, None]).squeeze(1)
+                loss = F.mse_loss(q_taken, target)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                num_updates += 1
+                window.append((loss.item(), q_taken.mean().item()))
+            if step > args.learning_starts and step % args.target_network_frequency == 0:
+                update_target(target_network, q_network, args.tau)
+        previous_step, global_step = global_step, global_step + args.num_envs
+
+        if global_step // LOG_EVERY > previous_step // LOG_EVERY or global_step == total_steps:
+            sps = int(global_step / (time.time() - start_time))
+            writer.add_scalar("charts/SPS", sps, global_step)
+            writer.add_scalar("charts/epsilon", epsilon, global_step)
+            if window:
+                td_loss, q_values = np.mean(window, axis=0)
+                writer.add_scalar("losses/td_loss", td_loss, global_step)
+                writer.add_scalar("losses/q_values", q_values, global_step)
+                window.clear()
+            progress.show(global_step, sps, recent_returns)
+
+    progress.close()
+    recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
+    print(
+        f"finished {global_step} steps and {num_updates} updates, {sps} SPS, "
+        f"mean return of the last {len(recent_returns)} episodes {recent}"
+    )
+    envs.close()  # also finishes the last video
+    if args.save_model:
+        model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
+        save_model(model_path, q_network, args)
+        print(f"model saved to {model_path}")
+        evaluate_episodes(args, device, writer, run_name, q_network, args.env_id)
+    writer.close()
+    upload_videos(args, run_name)
+
+
+# =============================================================================================
+# Run infrastructure: what makes a run watchable and reusable; not the algorithm. Each block is the
+# same text in every script that has it (tests/test_blocks.py holds the copies equal), but for the
+# lines that end in `# this script`. Design notes: docs/design.md
+# =============================================================================================
+def fail(message: str):
+    """A user error: one line naming the problem, a non-zero exit, no traceback."""
+    sys.exit(f"error: {message}")
+
+
+def check_args(args: Args):
+    counts = ("num_envs", "buffer_size", "batch_size", "total_timesteps", "train_frequency")
+    for name in (*counts, "target_network_frequency", "eval_episodes"):
+        if getattr(args, name) < 1:
+            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    for name in ("start_e", "end_e", "exploration_fraction", "eval_epsilon"):
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            fail(f"--{name.replace('_', '-')} must lie in [0, 1], got {getattr(args, name)}")
+    if not 0.0 < args.tau <= 1.0:
+        fail(f"--tau must lie in (0, 1], got {args.tau}")
+    if args.buffer_size < args.num_envs:  # one vector step would overwrite its own transitions
+        fail(f"--buffer-size {args.buffer_size} is smaller than one step of the {args.num_envs} envs")
+    try:
+        gym.spec(args.env_id)  # an unknown env id fails here, before anything is written
+    except gym.error.Error as e:
+        fail(f"cannot make environment {args.env_id!r}: {e}")
+    if args.eval_checkpoint is not None:
+        return
+    if args.total_timesteps < args.num_envs:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one step of the {args.num_envs} envs")
+    if not 0 <= args.learning_starts < args.total_timesteps:
+        fail(
+            f"--learning-starts {args.learning_starts} must lie in [0, total_timesteps = {args.total_timesteps}): "
+            "the run would never update; lower it"
+        )
+
+
+def start_logging(args: Args, run_name: str, checkpoint: dict | None) -> SummaryWriter:
+    """TensorBoard events in runs/{run_name}, and wandb under --track. A resumed run goes on in its own
+    directory and wandb run, and hides what its interrupted attempt logged after the checkpoint."""
+    if args.track:
+        import wandb
+
+        project = dict(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), save_code=True)
+        wandb.init(**project, name=run_name, id=run_name, resume="allow", sync_tensorboard=True)  # id: resumable
+    writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
+    if checkpoint is None:
+        table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    return writer
+
+
+class Progress:
+    """How far the run is, for whoever reads its output: a live line on a terminal; elsewhere (a log
+    file, Slurm, nohup, a container) a plain line at most every `interval` seconds, and always the
+    first and the last one."""
+
+    def __init__(self, total_steps: int, interval: float):
+        self.total, self.interval, self.last_print = total_steps, interval, -float("inf")
+        self.on_terminal = sys.stderr.isatty()
+
+    def show(self, global_step: int, sps: int, recent_returns: deque):
+        now = time.time()
+        if not self.on_terminal and now - self.last_print < self.interval and global_step < self.total:
+            return
+        self.last_print = now
+        recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
+        eta = int((self.total - global_step) / max(sps, 1))
+        line = f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
+        line += f" | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
+        print(f"\r{line}   " if self.on_terminal else line, end="" if self.on_terminal else None, file=sys.stderr)
+        sys.stderr.flush()
+
+    def close(self):
+        if self.on_terminal:
+            print(file=sys.stderr)
+
+
+def save_model(path: str, agent: nn.Module, args: Args):
+    # Written to a temporary file and renamed, so a crash never leaves a truncated file.
+    model = {"model": agent.state_dict(), "sizes": agent.sizes}  # this script
+    torch.save({**model, "args": vars(args)}, path + ".tmp")
     os.replace(path + ".tmp", path)
 
 
-def load_model(path: str, device) -> tuple[QNetwork, dict]:
+def load_model(path: str, device) -> tuple[nn.Module, dict]:
     if not os.path.isfile(path):
         fail(f"checkpoint {path!r} does not exist")
     try:
         payload = torch.load(path, map_location=device, weights_only=True)
-        q_network = QNetwork(payload["obs_dim"], payload["num_actions"]).to(device)
-        q_network.load_state_dict(payload["model"])
-        saved_args = dict(payload["args"])
-        env_id = saved_args["env_id"]
+        agent = QNetwork(*payload["sizes"]).to(device)  # this script
+        agent.load_state_dict(payload["model"])  # this script
     except Exception as e:  # any unreadable or foreign file is the same user error
         fail(f"checkpoint {path!r} is not a readable {os.path.basename(__file__)} model ({type(e).__name__})")
-    return q_network, env_id
+    return agent, dict(payload["args"])
 
 
-def evaluate(
-    q_network: QNetwork, env_id: str, eval_episodes: int, device, epsilon: float, seed: int = 0,
-    video_folder: str | None = None,
-) -> list[float]:
-    """Plays `eval_episodes` whole episodes epsilon-greedily; returns their returns."""
+def play_episodes(q_network, env_id: str, num_episodes: int, device, epsilon: float, seed=0, video_folder=None) -> list:
+    """Plays whole episodes in one env (episode k on seed + k) epsilon-greedily; returns their returns. Not
+    ppo_atari.py's `evaluate`, which plays games in a vector env of the Atari library."""
     env = make_env(env_id, video_folder, record_every_episode=True)
     rng = np.random.default_rng(seed)
     returns = []
-    for episode in range(eval_episodes):
+    for episode in range(num_episodes):
         obs, _ = env.reset(seed=seed + episode)
         episode_return, done = 0.0, False
         while not done:
@@ -335,9 +473,10 @@ def evaluate(
     return returns
 
 
-def run_evaluation(args: Args, device, writer: SummaryWriter, run_name: str, q_network: QNetwork, env_id: str):
+def evaluate_episodes(args: Args, device, writer: SummaryWriter, run_name: str, q_network, env_id: str) -> list:
+    """Plays --eval-episodes episodes of env_id with the Q-network; prints and logs their returns."""
     video_folder = f"videos/{run_name}-eval" if args.capture_video else None
-    returns = evaluate(q_network, env_id, args.eval_episodes, device, args.eval_epsilon, args.seed, video_folder)
+    returns = play_episodes(q_network, env_id, args.eval_episodes, device, args.eval_epsilon, args.seed, video_folder)
     for i, episodic_return in enumerate(returns):
         print(f"eval_episode={i}, episodic_return={episodic_return}")
         writer.add_scalar("eval/episodic_return", episodic_return, i)
@@ -345,185 +484,11 @@ def run_evaluation(args: Args, device, writer: SummaryWriter, run_name: str, q_n
     return returns
 
 
-# ---------------------------------------------------------------------------------------------
-# Progress display
-# ---------------------------------------------------------------------------------------------
-class Progress:
-    """How far the run is, for whoever reads its output: a live line on a terminal; elsewhere (a
-    log file, Slurm, nohup, a container) a plain line at most every `interval` seconds, and
-    always the first and the last one."""
-
-    def __init__(self, total_steps: int, interval: float):
-        self.total, self.interval, self.last_print = total_steps, interval, -float("inf")
-        self.on_terminal = sys.stderr.isatty()
-
-    def show(self, global_step: int, sps: int, recent_returns: deque):
-        now = time.time()
-        if not self.on_terminal and now - self.last_print < self.interval and global_step < self.total:
-            return
-        self.last_print = now
-        recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
-        eta = (self.total - global_step) / max(sps, 1)
-        line = (
-            f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
-            f" | ETA {int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}"
-        )
-        if self.on_terminal:
-            print(f"\r{line}   ", end="", file=sys.stderr, flush=True)
-        else:
-            print(line, file=sys.stderr, flush=True)
-
-    def close(self):
-        if self.on_terminal:
-            print(file=sys.stderr)
-
-
-# ---------------------------------------------------------------------------------------------
-# Training
-# ---------------------------------------------------------------------------------------------
-def main(args: Args):
-    check_args(args)
-    try:
-        gym.spec(args.env_id)
-    except gym.error.Error as e:
-        fail(f"cannot make environment {args.env_id!r}: {e}")
-
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    # The network is tiny, so extra intra-op threads gain nothing; when other processes share the
-    # cores (several seeds at once) their spin-waits slow every step down many times.
-    torch.set_num_threads(1)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-
-    env_id = args.env_id
-    if args.eval_checkpoint is not None:
-        # a bad file fails here, before anything is written; the run is named after the model's env
-        q_network, env_id = load_model(args.eval_checkpoint, device)
-    run_name = f"{env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    if args.eval_checkpoint is None:
-        try:
-            envs = make_envs(env_id, args.num_envs, args.capture_video, run_name)
-            # reset here too: a missing render dependency of --capture-video (pygame) only shows up then
-            obs, _ = envs.reset(seed=args.seed)
-        except gym.error.Error as e:
-            fail(f"cannot make environment {env_id!r}: {e}")
-        if not isinstance(envs.single_action_space, gym.spaces.Discrete):
-            envs.close()
-            fail(f"{env_id} has action space {envs.single_action_space}; DQN needs a Discrete one")
-        obs_space = envs.single_observation_space
-        if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1):
-            envs.close()
-            fail(f"{env_id} has observation space {obs_space}; this script needs a flat Box (vectors)")
-
-    if args.track:
-        import wandb
-
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=vars(args),
-            name=run_name,
-            save_code=True,
-        )
-    writer = SummaryWriter(f"runs/{run_name}")
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items()),
-    )
-    if args.eval_checkpoint is not None:
-        run_evaluation(args, device, writer, run_name, q_network, env_id)
-        writer.close()
-        if args.track and args.capture_video:
-            wandb.save(f"videos/{run_name}*/*.mp4", policy="now")  # by hand, as at the end of training
-        return
-
-    num_actions = int(envs.single_action_space.n)
-    q_network = QNetwork(obs_space.shape[0], num_actions).to(device)
-    # fused: one kernel for all parameters instead of a dozen small ops per tensor (the same algorithm)
-    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)
-    target_network = QNetwork(obs_space.shape[0], num_actions).to(device)
-    target_network.load_state_dict(q_network.state_dict())
-
-    rb = ReplayBuffer(args.buffer_size, obs_space.shape)
-    rng = np.random.default_rng(args.seed)
-    episode_stats = EpisodeStatistics(args.num_envs)
-    recent_returns = deque(maxlen=20)
-    num_vector_steps = args.total_timesteps // args.num_envs
-    total_steps = num_vector_steps * args.num_envs
-    progress = Progress(total_steps, args.progress_interval)
-    exploration_steps = args.exploration_fraction * args.total_timesteps
-    global_step, num_updates = 0, 0
-    window_loss, window_q, window_updates = 0.0, 0.0, 0  # the updates since the last log point
-    start_time = time.time()
-
-    for _ in range(num_vector_steps):
-        epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
-        actions = epsilon_greedy(q_network, obs, epsilon, num_actions, rng, device)
-
-        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-        episode_done = terminations | truncations
-        rb.add(obs, real_next_obs(next_obs, infos, episode_done), actions, rewards, terminations)
-        obs = next_obs
-
-        # the env steps of one vector step count as consecutive global steps, env 0 first, so
-        # every episode is logged at a step of its own
-        for i, episodic_return, episodic_length in episode_stats.update(rewards, episode_done):
-            recent_returns.append(episodic_return)
-            writer.add_scalar("charts/episodic_return", episodic_return, global_step + i + 1)
-            writer.add_scalar("charts/episodic_length", episodic_length, global_step + i + 1)
-
-        # The schedule is counted in env steps, whatever num_envs is: an update at every step past
-        # learning_starts that is a multiple of train_frequency, a target update at every multiple
-        # of target_network_frequency (with num_envs = 1, the original DQN loop).
-        for step in range(global_step + 1, global_step + args.num_envs + 1):
-            if step > args.learning_starts and step % args.train_frequency == 0:
-                batch = rb.sample(args.batch_size, rng, device)
-                with torch.no_grad():
-                    target = td_target(batch["rewards"], batch["dones"], target_network(batch["next_obs"]), args.gamma)
-                q_taken = q_network(batch["obs"]).gather(1, batch["actions"][:, None]).squeeze(1)
-                loss = F.mse_loss(q_taken, target)
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                num_updates += 1
-                window_updates += 1
-                window_loss += loss.item()
-                window_q += q_taken.mean().item()
-            if step > args.learning_starts and step % args.target_network_frequency == 0:
-                update_target(target_network, q_network, args.tau)
-        previous_step, global_step = global_step, global_step + args.num_envs
-
-        if global_step // LOG_EVERY > previous_step // LOG_EVERY or global_step == total_steps:
-            sps = int(global_step / (time.time() - start_time))
-            writer.add_scalar("charts/SPS", sps, global_step)
-            writer.add_scalar("charts/epsilon", epsilon, global_step)
-            if window_updates:
-                writer.add_scalar("losses/td_loss", window_loss / window_updates, global_step)
-                writer.add_scalar("losses/q_values", window_q / window_updates, global_step)
-                window_loss, window_q, window_updates = 0.0, 0.0, 0
-            progress.show(global_step, sps, recent_returns)
-
-    progress.close()
-    envs.close()  # also finishes the last video
-    recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
-    print(
-        f"finished {global_step} steps and {num_updates} updates, {sps} SPS, "
-        f"mean return of the last {len(recent_returns)} episodes {recent}"
-    )
-
-    if args.save_model:
-        model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
-        save_model(model_path, q_network, args)
-        print(f"model saved to {model_path}")
-        run_evaluation(args, device, writer, run_name, q_network, args.env_id)
-    writer.close()
+def upload_videos(args: Args, run_name: str):
+    # By hand: wandb's monitor_gym patch breaks on gymnasium 1.x's RecordVideo.
     if args.track and args.capture_video:
         import wandb
 
-        # uploaded by hand: wandb's monitor_gym patch breaks on gymnasium 1.x RecordVideo
         wandb.save(f"videos/{run_name}*/*.mp4", policy="now")
 
 

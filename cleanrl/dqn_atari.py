@@ -1,10 +1,10 @@
-"""Deep Q-Network (DQN) on Atari (gymnasium 1.x + ale-py), one file.
+"""DQN on Atari (gymnasium 1.x + ale-py), one file.
 
-DQN with the Nature-CNN Q-network, Adam, the Huber loss, a target network and a linearly decaying
-epsilon-greedy exploration, on the standard Atari preprocessing of ppo_atari.py (noop reset, frame
-skip 4 with max-pool, fire on reset, 84x84 grayscale, stack of 4, episodic life and reward clipping
-for learning) in ale-py's C++ vector environment. The replay memory stores each frame once and
-rebuilds the 4-frame stacks when sampling: the default 1M transitions take 7 GB instead of 56.
+Deep Q-learning with the Nature-CNN Q-network, Adam, the Huber loss, a target network and a linearly
+decaying epsilon-greedy exploration, on ppo_atari.py's Atari preprocessing in ale-py's C++ vector
+environment. The replay memory stores each frame once and rebuilds the 4-frame stacks when sampling:
+the default 1M transitions take 7 GB instead of 56. Beside the algorithm: checkpoints and resume
+(replay memory included), videos, and evaluation of a saved model.
 Docs: docs/dqn_atari.md
 """
 
@@ -51,7 +51,7 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of the wandb project"""
     capture_video: bool = False
-    """if toggled, games 0, 1, 8, 27, ..., then every 1000th game of env 0 are saved as RGB mp4 files to `videos/{run_name}/`"""
+    """if toggled, env 0's games 0, 1, 8, 27, ..., then every 1000th, are saved as mp4 to `videos/{run_name}/`"""
     save_model: bool = False
     """if toggled, the Q-network is saved to `runs/{run_name}/{exp_name}.cleanrl_model` and evaluated"""
     eval_checkpoint: str | None = None
@@ -63,9 +63,10 @@ class Args:
     progress_interval: float = 30.0
     """seconds between plain progress lines when stderr is not a terminal (log files, Slurm, nohup)"""
     checkpoint_every: int = 0
-    """write a resumable checkpoint (networks, optimizer, replay memory, counters) to `runs/{run_name}/checkpoints/` every this many env steps and at the end (0: never); only the newest is kept: it holds the memory's frames written so far, up to 7 GB"""
+    """write a checkpoint to `runs/{run_name}/checkpoints/` every K env steps and at the end (0: never);
+    only the newest is kept: it holds the replay memory, up to 7 GB"""
     resume: str | None = None
-    """a checkpoint file to continue its run from, or `auto`: the newest checkpoint in runs/ of this env_id, exp_name and seed (none: a new run)"""
+    """a checkpoint file to continue its run from, or `auto`: the newest of this env_id, exp_name and seed"""
 
     # Environment
     env_id: str = "BreakoutNoFrameskip-v4"
@@ -73,7 +74,7 @@ class Args:
     repeat_action_probability: float = 0.0
     """sticky actions; 0 is the NoFrameskip-v4 convention behind the published DQN scores"""
     max_episode_steps: int = 27_000
-    """the time limit of a game in agent steps (108,000 emulator frames, as the v5 games); a game stopped by it is bootstrapped, not treated as a death"""
+    """the time limit of a game in agent steps (108,000 frames, as v5); a game cut by it is bootstrapped"""
 
     # Algorithm
     total_timesteps: int = 10_000_000
@@ -110,43 +111,6 @@ LOG_EVERY = 100
 MIN_SLOTS_PER_ENV = 8
 
 
-def fail(message: str):
-    """A user error: one line naming the problem, a non-zero exit, no traceback."""
-    sys.exit(f"error: {message}")
-
-
-def check_args(args: Args):
-    counts = dict(
-        num_envs=args.num_envs, buffer_size=args.buffer_size, batch_size=args.batch_size,
-        total_timesteps=args.total_timesteps, train_frequency=args.train_frequency,
-        target_network_frequency=args.target_network_frequency, eval_episodes=args.eval_episodes,
-    )
-    for name, value in counts.items():
-        if value < 1:
-            fail(f"--{name.replace('_', '-')} must be positive, got {value}")
-    for name in ("start_e", "end_e", "exploration_fraction", "eval_epsilon"):
-        if not 0.0 <= getattr(args, name) <= 1.0:
-            fail(f"--{name.replace('_', '-')} must lie in [0, 1], got {getattr(args, name)}")
-    if not 0.0 < args.tau <= 1.0:
-        fail(f"--tau must lie in (0, 1], got {args.tau}")
-    if args.checkpoint_every < 0:
-        fail(f"--checkpoint-every must be 0 (never) or positive, got {args.checkpoint_every}")
-    if args.eval_checkpoint is None:
-        if args.buffer_size % args.num_envs != 0:
-            fail(f"--buffer-size {args.buffer_size} is not divisible by --num-envs {args.num_envs}")
-        if args.buffer_size // args.num_envs < MIN_SLOTS_PER_ENV:
-            fail(f"--buffer-size {args.buffer_size} holds fewer than {MIN_SLOTS_PER_ENV} steps per env; raise it")
-        if args.max_episode_steps < 1:
-            fail(f"--max-episode-steps must be positive, got {args.max_episode_steps}")
-        if args.total_timesteps < args.num_envs:
-            fail(f"--total-timesteps {args.total_timesteps} is less than one step of the {args.num_envs} envs")
-        if not 0 <= args.learning_starts < args.total_timesteps:
-            fail(
-                f"--learning-starts {args.learning_starts} must lie in [0, total_timesteps = "
-                f"{args.total_timesteps}): the run would never update; lower it"
-            )
-
-
 # ---------------------------------------------------------------------------------------------
 # Environment
 # ---------------------------------------------------------------------------------------------
@@ -163,22 +127,13 @@ def atari_game(env_id: str) -> str:
     fail(f"unknown Atari env id {env_id!r} (try BreakoutNoFrameskip-v4 or ALE/Breakout-v5)")
 
 
-def make_envs(
-    env_id: str,
-    num_envs: int,
-    repeat_action_probability: float,
-    max_episode_steps: int = 27_000,
-    noop_max: int = 30,
-    rgb_frames: bool = False,
-) -> AtariVectorEnv:
-    # Life loss and reward clipping are applied by the training loop, not by the environment:
-    # ale-py's `episodic_life=True` restarts the whole game at each life loss, which is not the
-    # usual trick (the game goes on with its remaining lives). Keeping the real game here also
-    # gives the episode statistics the full game's unclipped score.
-    # SAME_STEP autoreset: a finished game's step already returns the next game's first
-    # observation (and the real last one in info["final_obs"]), so no fake transition is stored.
-    # rgb_frames: the same games, seen as full 210x160 RGB screens instead of the agent's stack of
-    # 84x84 grayscale frames (for videos).
+def make_envs(env_id, num_envs, repeat_action_probability, max_episode_steps=27_000, noop_max=30, rgb_frames=False):
+    # Life loss and reward clipping are applied by the training loop, not here: ale-py's
+    # `episodic_life=True` restarts the whole game at each life loss, which is not the usual trick
+    # (the game goes on with its remaining lives), and the real game gives the episode statistics
+    # the whole unclipped score. SAME_STEP autoreset: a finished game's step already returns the
+    # next game's first observation, so no fake transition enters the memory. rgb_frames: the same
+    # games as full 210x160 RGB screens (for videos) instead of the agent's 84x84 grayscale stacks.
     return AtariVectorEnv(
         atari_game(env_id),
         num_envs,
@@ -216,106 +171,30 @@ class EpisodeStatistics:
         return finished
 
 
-def capped_cubic(game: int) -> bool:
-    """Games 0, 1, 8, 27, ..., 729, then every 1000th: many videos early, few in a long run."""
-    return round(game ** (1 / 3)) ** 3 == game if game < 1000 else game % 1000 == 0
-
-
-STOP = object()  # tells the encoder thread to finish
-
-
-class VideoRecorder:
-    """Records games of env 0 as RGB mp4 files, `{folder}/game-{k}.mp4` for the k-th game.
-
-    The C++ vector env returns only the agent's 84x84 grayscale stacks, so a one-env shadow of
-    env 0 (same game, seed and settings, full 210x160 RGB screens) is given env 0's actions and
-    plays the identical game. Frames stream to a background thread that encodes them with
-    ffmpeg as they come: training never waits for an encoder, and a long game is never held in
-    memory. `close()` finishes the last file; under --track each finished file goes to wandb.
-    """
-
-    def __init__(self, folder, env_id, seed, repeat_action_probability, max_episode_steps, schedule=capped_cubic,
-                 first_game: int = 0, track: bool = False, fps: int = 30):
-        import imageio_ffmpeg  # imported here: only video runs pay for it
-
-        os.makedirs(folder, exist_ok=True)
-        self.folder, self.schedule, self.game, self.track, self.fps = folder, schedule, first_game, track, fps
-        self.shadow = make_envs(env_id, 1, repeat_action_probability, max_episode_steps, rgb_frames=True)
-        screen, _ = self.shadow.reset(seed=seed)
-        self.frames = queue.Queue(maxsize=1000)  # bounded: a stalled encoder slows training, never fills memory
-        self.encoder = threading.Thread(target=self.encode, args=(imageio_ffmpeg,), daemon=True)
-        self.encoder.start()
-        self.start_game(screen)
-
-    def start_game(self, screen):
-        self.recording = self.schedule(self.game)
-        if self.recording:
-            self.frames.put(os.path.join(self.folder, f"game-{self.game}.mp4"))
-            self.frames.put(screen[0, -1])
-
-    def step(self, action_env0: int):
-        screen, _, terminated, truncated, info = self.shadow.step(np.array([action_env0]))
-        if terminated[0] or truncated[0]:
-            if self.recording:
-                self.frames.put(info["final_obs"][0, -1])
-                self.frames.put(None)  # end of this file
-            self.game += 1
-            self.start_game(screen)
-        elif self.recording:
-            self.frames.put(screen[0, -1])
-
-    def encode(self, imageio_ffmpeg):
-        writer, path = None, None
-        while True:
-            item = self.frames.get()
-            if isinstance(item, str):
-                path = item
-                writer = imageio_ffmpeg.write_frames(path, (160, 210), fps=self.fps, macro_block_size=1)
-                writer.send(None)  # starts ffmpeg
-            elif item is None or item is STOP:
-                if writer is not None:
-                    writer.close()
-                    if self.track and item is None:
-                        import wandb
-
-                        wandb.log({"videos/game": wandb.Video(path, format="mp4")}, commit=False)
-                writer = None
-                if item is STOP:
-                    return
-            else:
-                writer.send(np.ascontiguousarray(item))
-
-    def close(self):
-        """Waits for the encoder. A game still being played is kept up to its last frame so far."""
-        self.frames.put(STOP)
-        self.encoder.join()
-        self.shadow.close()
-
-
 # ---------------------------------------------------------------------------------------------
 # Replay memory: each frame stored once
 # ---------------------------------------------------------------------------------------------
 class FrameReplayBuffer:
-    """The last `buffer_size` env steps, each 84x84 frame stored once; stacks rebuilt when sampled.
+    """The last `buffer_size` env steps, each 84x84 frame stored once; the stacks rebuilt when sampled.
 
-    Every env has a ring of `slots_per_env` slots, written in order. A slot holds one frame (the
-    newest of an observation) and, once its step is taken, that step's action, clipped reward and
-    done flag (the end of a life or of the game). The next slot holds the newest frame of the
-    observation the step ended in. A game over writes two slots: the real last frame (which has no
-    step of its own) and the next game's first frame. So the stack of slot i is the frames of
-    slots i-3..i, those from before the game's first slot replaced by zeros (what ale-py's
-    AtariVectorEnv shows after a reset: [0, 0, 0, first frame]), and its successor stack is the
-    same at slot i+1. A life loss does not restart the stack: the env's game goes on, and so does
-    what the agent saw. A sampled stack never reaches into another game, and a slot whose older
-    frames have been overwritten is no longer sampled.
+    Every env has a ring of slots, written in order. A slot holds one frame (the newest of an
+    observation) and, once its step is taken, that step's action, clipped reward and done flag (the end
+    of a life or of the game); the next slot holds the newest frame of the observation the step ended in.
+    A game over writes two slots: the real last frame (which has no step of its own) and the next game's
+    first frame. So the stack of slot i is the frames of slots i-3..i, those from before the game's first
+    slot zeroed (as ale-py pads a new game's stack: [0, 0, 0, first frame]), and its successor is the same
+    at slot i+1. A life loss does not restart the stack: the game goes on, and so does what the agent saw.
+    A slot whose stack reaches into an overwritten slot is no longer sampled.
     """
 
-    def __init__(self, buffer_size: int, num_envs: int, stack: int = 4, frame_shape=(84, 84)):
+    SLOT_ARRAYS = ("frames", "actions", "rewards", "dones", "first", "valid")  # (num_envs, slots, ...)
+
+    def __init__(self, buffer_size: int, num_envs: int, stack: int = 4):
         self.num_envs, self.slots, self.stack = num_envs, buffer_size // num_envs, stack
         shape = (num_envs, self.slots)
         # uint8 frames, 7,056 bytes each: 7.06 GB for 1M. Every page is written here, so a machine
         # without the memory fails now instead of hours into the run (and the RSS tells the truth).
-        self.frames = np.empty(shape + frame_shape, dtype=np.uint8)
+        self.frames = np.empty(shape + (84, 84), dtype=np.uint8)
         self.frames.fill(0)
         self.actions = np.zeros(shape, dtype=np.uint8)  # Atari has at most 18 actions
         self.rewards = np.zeros(shape, dtype=np.float32)
@@ -323,98 +202,75 @@ class FrameReplayBuffer:
         self.first = np.zeros(shape, dtype=np.bool_)  # the slot holds a game's first frame
         self.valid = np.zeros(shape, dtype=np.bool_)  # the slot's step is stored, with an intact stack
         self.pos = np.zeros(num_envs, dtype=np.int64)  # each env's slot of its current observation
-        self.used = 0  # slots written so far in the fullest ring, up to slots_per_env
-        self.steps_added = 0
+        self.used = 0  # slots written so far in the fullest ring, up to self.slots
 
     def _write(self, envs: np.ndarray, slots: np.ndarray, frames: np.ndarray, first: bool):
         self.frames[envs, slots] = frames
         self.first[envs, slots] = first
         self.valid[envs, slots] = False
-        # the slots just after this one are now the oldest: their stacks reached into it
-        for k in range(1, self.stack):
+        for k in range(1, self.stack):  # the slots just after this one are now the oldest: their stacks reached it
             self.valid[envs, (slots + k) % self.slots] = False
         self.used = max(self.used, min(int(slots.max()) + 1, self.slots))
 
-    def start(self, obs: np.ndarray):
-        """obs: (num_envs, 4, 84, 84), the first observations after envs.reset()."""
-        envs = np.arange(self.num_envs)
-        self._write(envs, self.pos, obs[:, -1], first=True)
+    def start(self, obs: np.ndarray, resumed: bool = False):
+        """obs: (num_envs, 4, 84, 84), the first observations of new games after envs.reset(). A resumed
+        run ends each env's game of the checkpoint at its last stored observation (which has no step, as a
+        game's last frame) and starts the new game in the next slot, as after a game over."""
+        if resumed:
+            self.pos = (self.pos + 1) % self.slots
+        self._write(np.arange(self.num_envs), self.pos, obs[:, -1], first=True)
 
     def add(self, actions, rewards, dones, next_obs: np.ndarray, final_obs: np.ndarray | None, game_over: np.ndarray):
         """One vector step: the step taken in each env's current observation and where it ended.
         next_obs: what envs.step returned (a new game's first observation where a game ended);
         final_obs: info["final_obs"], the real last observations, read where game_over."""
-        envs, slots = np.arange(self.num_envs), self.pos
+        envs, slots, next_slots = np.arange(self.num_envs), self.pos, (self.pos + 1) % self.slots
         self.actions[envs, slots], self.rewards[envs, slots], self.dones[envs, slots] = actions, rewards, dones
         last_frames = next_obs[:, -1]
         if game_over.any():
             last_frames = np.where(game_over[:, None, None], final_obs[:, -1], last_frames)
-        next_slots = (slots + 1) % self.slots
         self._write(envs, next_slots, last_frames, first=False)
         self.valid[envs, slots] = True
         self.pos = next_slots
         if game_over.any():
             ended = np.flatnonzero(game_over)
-            new_game_slots = (self.pos[ended] + 1) % self.slots
-            self._write(ended, new_game_slots, next_obs[ended, -1], first=True)
-            self.pos[ended] = new_game_slots
-        self.steps_added += 1
-
-    def restart(self, obs: np.ndarray):
-        """After a resume the envs start new games (obs: their first observations). The game each env
-        was playing at the checkpoint ends at its last stored observation, which has no step (as a
-        game's last frame), and the new game starts in the next slot (as after a game over)."""
-        envs = np.arange(self.num_envs)
-        self.pos = (self.pos + 1) % self.slots
-        self._write(envs, self.pos, obs[:, -1], first=True)
-
-    SLOT_ARRAYS = ("frames", "actions", "rewards", "dones", "first", "valid")  # (num_envs, slots, ...)
+            self.pos[ended] = (self.pos[ended] + 1) % self.slots
+            self._write(ended, self.pos[ended], next_obs[ended, -1], first=True)
 
     def state_dict(self) -> dict:
-        """The memory for a checkpoint: the written slots of its arrays (a run's first checkpoints are
-        a fraction of the full 7 GB), one tensor per env that shares its storage (no copy). Not one
-        tensor of all envs: that would be a strided view, and torch.save writes the whole span of
-        storage a tensor covers, the unwritten slots of every env but the last included."""
-        slots = {name: [torch.from_numpy(getattr(self, name)[env, : self.used]) for env in range(self.num_envs)]
-                 for name in self.SLOT_ARRAYS}
-        return {**slots, "pos": torch.from_numpy(self.pos), "used": self.used, "steps_added": self.steps_added}
+        """The written slots, one tensor per env that shares its storage (no copy). Not one tensor of all
+        envs: a strided view, of which torch.save writes the whole storage span, unwritten slots included."""
+        envs = range(self.num_envs)
+        state = {
+            name: [torch.from_numpy(getattr(self, name)[e, : self.used]) for e in envs] for name in self.SLOT_ARRAYS
+        }
+        return {**state, "pos": torch.from_numpy(self.pos), "used": self.used}
 
     def load_state_dict(self, state: dict):
-        used = int(state["used"])
+        self.used = int(state["used"])
         for name in self.SLOT_ARRAYS:
-            array = getattr(self, name)
-            # one tensor per env (iterating the single tensor of an older checkpoint gives the same)
-            saved = [env_slots.numpy() for env_slots in state[name]]
-            if len(saved) != self.num_envs or used > self.slots or any(s.shape != (used, *array.shape[2:]) for s in saved):
-                raise ValueError(f"replay memory {name}: {len(saved)} envs of {used} slots do not fit {array.shape}")
-            for env, env_slots in enumerate(saved):
-                array[env, :used] = env_slots
+            for env, env_slots in enumerate(state[name]):
+                getattr(self, name)[env, : self.used] = env_slots.numpy()  # copied out of the (mapped) file
         self.pos[:] = state["pos"].numpy()
-        self.used, self.steps_added = used, int(state["steps_added"])
 
     def gather(self, envs: np.ndarray, slots: np.ndarray) -> dict[str, np.ndarray]:
         """The transitions stored at (envs[b], slots[b]), stacks rebuilt: obs and next_obs (batch, 4, 84, 84)."""
         window = (slots[:, None] + np.arange(-(self.stack - 1), 2)) % self.slots  # slots i-3 .. i+1
         frames = self.frames[envs[:, None], window]  # (batch, 5, 84, 84)
-        # A game's first slot at or after position j (among i-2..i) means the frame at j-1 belongs
-        # to the previous game: zero it, as the env pads a new game's stack. (Slot i+1 is never a
-        # game's first slot: it is the same game's next or last frame.)
+        # A game's first slot at or after position j (among i-2..i) means the frame at j-1 belongs to the
+        # previous game: zero it, as the env pads a new game's stack. (Slot i+1 is never a game's first.)
         first = self.first[envs[:, None], window[:, 1 : self.stack]]
         before_game = np.flip(np.logical_or.accumulate(np.flip(first, 1), 1), 1)
         frames[:, : self.stack - 1][before_game] = 0
-        return dict(
-            obs=frames[:, : self.stack], next_obs=frames[:, 1:], actions=self.actions[envs, slots].astype(np.int64),
-            rewards=self.rewards[envs, slots], dones=self.dones[envs, slots].astype(np.float32),
-        )
+        fields = dict(obs=frames[:, :-1], next_obs=frames[:, 1:], actions=self.actions[envs, slots].astype(np.int64))
+        return dict(fields, rewards=self.rewards[envs, slots], dones=self.dones[envs, slots].astype(np.float32))
 
     def sample(self, batch_size: int, rng: np.random.Generator, device) -> dict[str, torch.Tensor]:
         """Uniform with replacement over the stored steps of all envs."""
-        assert self.steps_added > 0, "nothing stored yet"
         envs, slots = np.empty(0, np.int64), np.empty(0, np.int64)
         while len(envs) < batch_size:
-            # Draw over the written slots and keep the valid ones: the few invalid slots (a game's
-            # last frame, the 3 oldest slots of a wrapped ring, the newest) are rejected, so every
-            # stored step keeps the same probability.
+            # Draw over the written slots and keep the valid ones: the few others (a game's last frame,
+            # the ring's seam, the newest slot) are redrawn, so every stored step has the same chance.
             flat = rng.integers(0, self.num_envs * self.used, size=batch_size - len(envs))
             e, s = np.divmod(flat, self.used)
             keep = self.valid[e, s]
@@ -444,8 +300,8 @@ class QNetwork(nn.Module):
         )
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        # obs: (batch, 4, 84, 84) uint8. Channels-last lets the CPU and GPU conv kernels run
-        # without layout shuffles (1.6x faster updates on CPU); the layout changes while uint8.
+        # obs: (batch, 4, 84, 84) uint8. Channels-last lets the conv kernels run without layout
+        # shuffles (1.6x faster updates on CPU); the layout changes while the batch is still uint8.
         x = obs.contiguous(memory_format=torch.channels_last).float().div_(255.0)
         return self.network(x)
 
@@ -462,11 +318,9 @@ def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> fl
 
 def td_target(rewards: torch.Tensor, dones: torch.Tensor, next_q_values: torch.Tensor, gamma: float) -> torch.Tensor:
     """r + gamma * max_a Q_target(s', a), without the bootstrap where the learning episode ended.
-
-    rewards, dones: (batch,); dones is 1.0 where the step lost a life or ended the game by
-    termination (a time-limit truncation is not one: its s' is the real last observation and its
-    future is bootstrapped). next_q_values: (batch, num_actions), the target network's Q(s', .).
-    """
+    rewards, dones: (batch,); dones is 1.0 where the step lost a life or ended the game by termination (a
+    time-limit truncation is not one: its s' is the real last observation and its future is bootstrapped).
+    next_q_values: (batch, num_actions), the target network's Q(s', .)."""
     return rewards + gamma * (1.0 - dones) * next_q_values.max(dim=1).values
 
 
@@ -477,130 +331,7 @@ def update_target(target_network: nn.Module, q_network: nn.Module, tau: float):
             target_param.mul_(1.0 - tau).add_(param, alpha=tau)
 
 
-# ---------------------------------------------------------------------------------------------
-# Saving and evaluation
-# ---------------------------------------------------------------------------------------------
-def save_model(path: str, q_network: QNetwork, args: Args):
-    # Written to a temporary file and renamed, so a crash never leaves a truncated checkpoint.
-    payload = {"model": q_network.state_dict(), "args": vars(args), "num_actions": q_network.network[-1].out_features}
-    torch.save(payload, path + ".tmp")
-    os.replace(path + ".tmp", path)
-
-
-def load_model(path: str, device) -> tuple[QNetwork, dict]:
-    if not os.path.isfile(path):
-        fail(f"checkpoint {path!r} does not exist")
-    try:
-        payload = torch.load(path, map_location=device, weights_only=True)
-        q_network = QNetwork(payload["num_actions"]).to(device)
-        q_network.load_state_dict(payload["model"])
-        saved_args = dict(payload["args"])
-        saved_args["env_id"]
-    except Exception as e:  # any unreadable or foreign file is the same user error
-        fail(f"checkpoint {path!r} is not a readable {os.path.basename(__file__)} model ({type(e).__name__})")
-    return q_network.to(memory_format=torch.channels_last), saved_args
-
-
-# Arguments a resumed run may change: how it is watched and saved, not what it learns.
-RESUMABLE_CHANGES = {
-    "cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_checkpoint",
-    "eval_episodes", "eval_epsilon", "progress_interval", "checkpoint_every", "resume",
-}
-
-
-def script_digest() -> str:
-    """The SHA-256 of this file: a resumed run says when the code changed since its checkpoint."""
-    with open(__file__, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
-def lock_run(folder: str):
-    """Holds the run's checkpoint folder for this process, as long as the returned file stays open:
-    a second process resuming the same run (a job started twice, a trainer that outlived its
-    runner) would log every step twice and remove the other's checkpoints."""
-    os.makedirs(folder, exist_ok=True)
-    lock = open(os.path.join(folder, "lock"), "w")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.close()
-        fail(f"{folder} is in use: another process is running this run (stop it, or wait for it to end)")
-    return lock
-
-
-def save_checkpoint(folder: str, global_step: int, num_updates: int, q_network, target_network, optimizer,
-                    rb: FrameReplayBuffer, rng: np.random.Generator, recent_returns: deque, args: Args,
-                    run_name: str) -> str:
-    """Everything a resumed run needs. Written to a temporary file, synced and renamed, so a crash
-    leaves the previous checkpoint or this one, never a truncated file; then the previous one is
-    removed (each holds the memory's frames written so far: up to 7 GB with the default memory)."""
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"step-{global_step:09d}.pt")
-    payload = {
-        "q_network": q_network.state_dict(), "target_network": target_network.state_dict(),
-        "optimizer": optimizer.state_dict(), "replay_memory": rb.state_dict(),
-        "global_step": global_step, "num_updates": num_updates,
-        "numpy_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
-        "recent_returns": list(recent_returns), "args": vars(args), "run_name": run_name,
-        "script_sha256": script_digest(),
-    }
-    with open(path + ".tmp", "wb") as f:
-        torch.save(payload, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
-    for older in sorted(glob.glob(os.path.join(folder, "step-*.pt")))[:-1]:
-        os.remove(older)
-    return path
-
-
-def read_checkpoint(resume: str, args: Args) -> dict | None:
-    """The checkpoint `--resume` names (memory-mapped: the replay memory is read as it is copied),
-    or None when `auto` finds none. Its run's arguments must be this command's, but for
-    RESUMABLE_CHANGES."""
-    if resume == "auto":
-        run_prefix = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__"
-        found = glob.glob(os.path.join("runs", f"{glob.escape(run_prefix)}*", "checkpoints", "step-*.pt"))
-        if not found:
-            print(f"--resume auto: no checkpoint of {run_prefix}* in runs/, starting a new run")
-            return None
-        path = max(found, key=os.path.getmtime)
-        print(f"--resume auto: {path}, the newest of {len(found)} checkpoint(s) of {run_prefix}*")
-    else:
-        path = resume
-    if not os.path.isfile(path):
-        fail(f"--resume {path!r}: no such checkpoint file (pass a runs/*/checkpoints/step-*.pt file or auto)")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        payload["global_step"], payload["replay_memory"]["frames"], payload["numpy_rng"], payload["run_name"]
-        saved_args = dict(payload["args"])
-    except Exception as e:  # an unreadable file, or a saved model instead of a checkpoint
-        fail(f"--resume {path!r} is not a readable {os.path.basename(__file__)} checkpoint ({type(e).__name__})")
-    for name, value in vars(args).items():
-        if name not in RESUMABLE_CHANGES and saved_args.get(name) != value:
-            fail(f"--resume: the checkpoint's run has {name}={saved_args.get(name)!r}, this command {value!r}: "
-                 "resume with the run's arguments")
-    payload["path"] = path
-    return payload
-
-
-def restore_checkpoint(checkpoint: dict, q_network, target_network, optimizer, rb: FrameReplayBuffer,
-                       rng: np.random.Generator, recent_returns: deque) -> tuple[int, int]:
-    """Puts what read_checkpoint() read back into the run; returns (global_step, num_updates).
-    Everything is copied out of the memory-mapped file, so that its disk space is freed when the
-    next checkpoint removes it: Adam's load_state_dict alone would keep the mapped tensors."""
-    q_network.load_state_dict(checkpoint["q_network"])
-    target_network.load_state_dict(checkpoint["target_network"])
-    optimizer.load_state_dict(copy.deepcopy(checkpoint["optimizer"]))
-    rb.load_state_dict(checkpoint["replay_memory"])
-    rng.bit_generator.state = checkpoint["numpy_rng"]
-    torch.set_rng_state(checkpoint["torch_rng"])
-    # for the progress lines only; a checkpoint of an earlier version of this file has none
-    recent_returns.extend(checkpoint.get("recent_returns", ()))
-    return checkpoint["global_step"], checkpoint["num_updates"]
-
-
-def epsilon_greedy(q_network: QNetwork, obs: np.ndarray, epsilon: float, rng: np.random.Generator, device) -> np.ndarray:
+def epsilon_greedy(q_network: QNetwork, obs: np.ndarray, epsilon: float, rng: np.random.Generator, device):
     """One action per env: uniform with probability epsilon (each env on its own coin), else argmax Q.
     The network runs only when some env acts greedily."""
     actions = rng.integers(q_network.network[-1].out_features, size=len(obs))
@@ -612,189 +343,66 @@ def epsilon_greedy(q_network: QNetwork, obs: np.ndarray, epsilon: float, rng: np
     return actions
 
 
-def evaluate(
-    q_network: QNetwork,
-    env_id: str,
-    eval_episodes: int,
-    device,
-    epsilon: float,
-    seed: int = 0,
-    repeat_action_probability: float = 0.0,
-    max_episode_steps: int = 27_000,
-    video_folder: str | None = None,
-) -> list[float]:
-    """Plays `eval_episodes` full games (all lives, unclipped score) epsilon-greedily."""
-    num_envs = min(8, eval_episodes)
-    # Each env plays a fixed quota of games: keeping only the first games to finish would favour
-    # short (bad) games.
-    quota = np.array([eval_episodes // num_envs + (i < eval_episodes % num_envs) for i in range(num_envs)])
-    envs = make_envs(env_id, num_envs, repeat_action_probability, max_episode_steps)
-    stats = EpisodeStatistics(num_envs)
-    if video_folder is not None:  # every evaluation game of env 0
-        video = VideoRecorder(
-            video_folder, env_id, seed, repeat_action_probability, max_episode_steps, schedule=lambda game: game < quota[0]
-        )
-    rng = np.random.default_rng(seed)
-    returns = [[] for _ in range(num_envs)]
-    obs, _ = envs.reset(seed=seed)
-    while any(len(r) < q for r, q in zip(returns, quota)):
-        actions = epsilon_greedy(q_network, obs, epsilon, rng, device)
-        obs, reward, terminated, truncated, info = envs.step(actions)
-        game_over = terminated | truncated
-        if video_folder is not None:
-            video.step(actions[0])
-        for i, episodic_return, _ in stats.step(reward, game_over):
-            if len(returns[i]) < quota[i]:
-                returns[i].append(episodic_return)
-    envs.close()
-    if video_folder is not None:
-        video.close()
-    return [r for env_returns in returns for r in env_returns]
-
-
-def run_evaluation(args: Args, device, writer: SummaryWriter, run_name: str, q_network: QNetwork, env_id: str):
-    video_folder = f"videos/{run_name}-eval" if args.capture_video else None
-    returns = evaluate(
-        q_network, env_id, args.eval_episodes, device, args.eval_epsilon, args.seed,
-        args.repeat_action_probability, args.max_episode_steps, video_folder,
-    )
-    for i, episodic_return in enumerate(returns):
-        print(f"eval_episode={i}, episodic_return={episodic_return}")
-        writer.add_scalar("eval/episodic_return", episodic_return, i)
-    print(f"eval: mean return {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} games")
-    return returns
-
-
-# ---------------------------------------------------------------------------------------------
-# Progress display
-# ---------------------------------------------------------------------------------------------
-class Progress:
-    """How far the run is, for whoever reads its output: a live line on a terminal; elsewhere (a
-    log file, Slurm, nohup, a container) a plain line at most every `interval` seconds, and
-    always the first and the last one."""
-
-    def __init__(self, total_steps: int, interval: float):
-        self.total, self.interval, self.last_print = total_steps, interval, -float("inf")
-        self.on_terminal = sys.stderr.isatty()
-
-    def show(self, global_step: int, sps: int, recent_returns: deque):
-        now = time.time()
-        if not self.on_terminal and now - self.last_print < self.interval and global_step < self.total:
-            return
-        self.last_print = now
-        recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
-        eta = (self.total - global_step) / max(sps, 1)
-        line = (
-            f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
-            f" | ETA {int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}"
-        )
-        if self.on_terminal:
-            print(f"\r{line}   ", end="", file=sys.stderr, flush=True)
-        else:
-            print(line, file=sys.stderr, flush=True)
-
-    def close(self):
-        if self.on_terminal:
-            print(file=sys.stderr)
-
-
-# ---------------------------------------------------------------------------------------------
-# Training
-# ---------------------------------------------------------------------------------------------
 def main(args: Args):
     check_args(args)
-    atari_game(args.env_id)  # an unknown env id fails here, before anything is written
-
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
-    training, env_id = args.eval_checkpoint is None, args.env_id
-    if not training:
-        # a bad file fails here, before anything is written; the run is named after the model's game
-        q_network, saved_args = load_model(args.eval_checkpoint, device)
-        env_id = saved_args["env_id"]
-        # The games are played under this command's emulator settings, not necessarily the training run's
-        for name in ("repeat_action_probability", "max_episode_steps"):
-            if name in saved_args and saved_args[name] != getattr(args, name):
-                print(f"warning: evaluating with --{name.replace('_', '-')} {getattr(args, name)}; "
-                      f"the model was trained with {saved_args[name]}", file=sys.stderr)
+    # The run is named after the game it plays: an evaluation's is the saved model's.
+    env_id = load_model(args.eval_checkpoint, device)[1]["env_id"] if args.eval_checkpoint else args.env_id
     run_name = f"{env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    checkpoint = read_checkpoint(args.resume, args) if training and args.resume is not None else None
-    if checkpoint is not None:
-        run_name = checkpoint["run_name"]  # a resumed run goes on in its own directory
-    run_lock = lock_run(f"runs/{run_name}/checkpoints") if training and (args.checkpoint_every or checkpoint) else None
-    if args.track:
-        import wandb
-
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=vars(args),
-            name=run_name,
-            id=run_name,  # a resumed run continues the same wandb run
-            resume="allow",
-            save_code=True,
-        )
-    # A resumed run hides whatever the interrupted one logged after its checkpoint: no step twice.
-    writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
-    if checkpoint is None:
-        writer.add_text(
-            "hyperparameters",
-            "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
-        )
-    if not training:
-        run_evaluation(args, device, writer, run_name, q_network, env_id)
+    if args.eval_checkpoint is not None:  # no training: play the saved model's games
+        writer = start_logging(args, run_name, None)
+        run_evaluation(args, device, writer, run_name)
         writer.close()
         return
+    checkpoint = load_checkpoint(args.resume, args) if args.resume is not None else None
+    run_name = checkpoint["run_name"] if checkpoint else run_name  # a resumed run goes on in its own directory
+    checkpoint_folder = f"runs/{run_name}/checkpoints"
+    run_lock = lock_run(checkpoint_folder) if args.checkpoint_every or checkpoint else None
+    writer = start_logging(args, run_name, checkpoint)
 
     envs = make_envs(args.env_id, args.num_envs, args.repeat_action_probability, args.max_episode_steps)
     num_actions = int(envs.single_action_space.n)
     q_network = QNetwork(num_actions).to(device).to(memory_format=torch.channels_last)
-    # fused: one kernel for all parameters instead of a loop over them (on this project's 2-core CPU
-    # the Adam step of the 1.7M weights took 3-4 ms instead of 25; the same update to 4e-9)
+    # fused: one kernel for all parameters instead of a loop over them (on a 2-core CPU the Adam step of
+    # the 1.7M weights took 3-4 ms instead of 25; the same update to 4e-9)
     optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)
     target_network = QNetwork(num_actions).to(device).to(memory_format=torch.channels_last)
     target_network.load_state_dict(q_network.state_dict())
-
     rb = FrameReplayBuffer(args.buffer_size, args.num_envs)
-    rng = np.random.default_rng(args.seed)
-    recent_returns = deque(maxlen=20)
-    global_step, num_updates = 0, 0
-    if checkpoint is None:
-        obs, info = envs.reset(seed=args.seed)
-        rb.start(obs)
-    else:
-        global_step, num_updates = restore_checkpoint(
-            checkpoint, q_network, target_network, optimizer, rb, rng, recent_returns
-        )
-        # The games in progress at the checkpoint are not in it (nor logged): each env starts a new
-        # game, on seeds this run has not used (seed + global_step onwards), and the memory ends the
-        # old games where they were stored.
-        obs, info = envs.reset(seed=args.seed + global_step)
-        rb.restart(obs)
-        print(f"resumed {run_name} at step {global_step:,} ({num_updates:,} updates) from {checkpoint['path']}",
-              flush=True)
-        if checkpoint.get("script_sha256", script_digest()) != script_digest():
-            print(f"warning: {os.path.basename(__file__)} has changed since the checkpoint was written: "
-                  "the run goes on with the code as it is now", flush=True)
-        del checkpoint  # the memory-mapped file: everything was copied out of it
+    rng = np.random.default_rng(args.seed)  # the exploration and the memory's sampling
+
+    global_step, num_updates, env0_games, recent_returns = 0, 0, 0, deque(maxlen=20)
+    if checkpoint is not None:  # everything is copied out of the memory-mapped file, then it is let go
+        q_network.load_state_dict(checkpoint["model"])
+        target_network.load_state_dict(checkpoint["target_network"])
+        optimizer.load_state_dict(copy.deepcopy(checkpoint["optimizer"]))  # Adam would keep the mapped tensors
+        rb.load_state_dict(checkpoint["replay_memory"])
+        rng.bit_generator.state = checkpoint["numpy_rng"]
+        torch.set_rng_state(checkpoint["rng_state"]["torch"])
+        torch.cuda.set_rng_state_all(checkpoint["rng_state"]["cuda"] or [])
+        global_step, num_updates = checkpoint["global_step"], checkpoint["num_updates"]
+        env0_games = checkpoint["env0_games"]  # the games env 0 finished: videos go on numbering from there
+        recent_returns.extend(checkpoint["recent_returns"])  # for the progress lines only
+        del checkpoint
+
+    # Environment i gets seed + i. The games in progress at a checkpoint are not in it: a resumed run
+    # starts new games, on seeds the run has not used (seed + global_step onwards).
+    env_seed = args.seed + global_step
+    obs, info = envs.reset(seed=env_seed)
+    rb.start(obs, resumed=global_step > 0)
     lives = info["lives"].copy()
     episode_stats = EpisodeStatistics(args.num_envs)
-    if args.capture_video:
-        # env 0's shadow gets env 0's seed; a resumed run's videos go to a folder of their own
-        video = VideoRecorder(
-            f"videos/{run_name}" + (f"-from-step-{global_step}" if global_step else ""), args.env_id,
-            args.seed + global_step, args.repeat_action_probability, args.max_episode_steps, track=args.track,
-        )
     num_vector_steps = args.total_timesteps // args.num_envs
     total_steps = num_vector_steps * args.num_envs
     progress = Progress(total_steps, args.progress_interval)
+    video = VideoRecorder(f"videos/{run_name}", args.env_id, env_seed, args, env0_games) if args.capture_video else None
     exploration_steps = args.exploration_fraction * args.total_timesteps
-    window_loss, window_q, window_updates = 0.0, 0.0, 0  # the updates since the last log point
+    window = []  # (TD loss, mean Q(s, a)) of the updates since the last log point
     start_time, start_step, sps = time.time(), global_step, 0
 
     for _ in range(global_step // args.num_envs, num_vector_steps):
@@ -802,27 +410,28 @@ def main(args: Args):
         actions = epsilon_greedy(q_network, obs, epsilon, rng, device)
         next_obs, reward, terminated, truncated, info = envs.step(actions)
         game_over = terminated | truncated
-        # Episodic life: losing a life ends the learning episode (no bootstrap across it) while
-        # the game goes on. At a game over, info already holds the next game's lives.
+        # Episodic life: losing a life ends the learning episode (no bootstrap across it) while the game
+        # goes on. At a game over, info already holds the next game's lives.
         life_lost = info["lives"] < lives
         lives = info["lives"].copy()
-        # A time-limit truncation is not a death: its step is stored with the real last
-        # observation, info["final_obs"], and bootstrapped from it.
+        # A time-limit truncation is not a death: its step is stored with the real last observation,
+        # info["final_obs"], and bootstrapped from it.
         rb.add(actions, np.sign(reward), terminated | life_lost, next_obs, info.get("final_obs"), game_over)
         obs = next_obs
 
-        if args.capture_video:
+        if video is not None:
             video.step(actions[0])
-        # The env steps of one vector step count as consecutive global steps, env 0 first, so
-        # every game is logged at a step of its own.
+        env0_games += bool(game_over[0])
+        # The env steps of one vector step count as consecutive global steps, env 0 first, so every game
+        # is logged at a step of its own.
         for i, episodic_return, episodic_length in episode_stats.step(reward, game_over):
             recent_returns.append(episodic_return)
             writer.add_scalar("charts/episodic_return", episodic_return, global_step + i + 1)
             writer.add_scalar("charts/episodic_length", episodic_length, global_step + i + 1)
 
         # The schedule is counted in env steps, whatever num_envs is: an update at every step past
-        # learning_starts that is a multiple of train_frequency, a target update at every multiple
-        # of target_network_frequency (with num_envs = 1, the original DQN loop).
+        # learning_starts that is a multiple of train_frequency, a target update at every multiple of
+        # target_network_frequency (with num_envs = 1, the original DQN loop).
         for step in range(global_step + 1, global_step + args.num_envs + 1):
             if step > args.learning_starts and step % args.train_frequency == 0:
                 batch = rb.sample(args.batch_size, rng, device)
@@ -834,9 +443,7 @@ def main(args: Args):
                 loss.backward()
                 optimizer.step()
                 num_updates += 1
-                window_updates += 1
-                window_loss += loss.item()
-                window_q += q_taken.detach().mean().item()
+                window.append((loss.item(), q_taken.detach().mean().item()))
             if step > args.learning_starts and step % args.target_network_frequency == 0:
                 update_target(target_network, q_network, args.tau)
         previous_step, global_step = global_step, global_step + args.num_envs
@@ -845,38 +452,331 @@ def main(args: Args):
             sps = int((global_step - start_step) / (time.time() - start_time))
             writer.add_scalar("charts/SPS", sps, global_step)
             writer.add_scalar("charts/epsilon", epsilon, global_step)
-            if window_updates:
-                writer.add_scalar("losses/td_loss", window_loss / window_updates, global_step)
-                writer.add_scalar("losses/q_values", window_q / window_updates, global_step)
-                window_loss, window_q, window_updates = 0.0, 0.0, 0
+            if window:
+                td_loss, q_values = np.mean(window, axis=0)
+                writer.add_scalar("losses/td_loss", td_loss, global_step)
+                writer.add_scalar("losses/q_values", q_values, global_step)
+                window.clear()
             progress.show(global_step, sps, recent_returns)
 
-        if args.checkpoint_every and (
-            global_step // args.checkpoint_every > previous_step // args.checkpoint_every or global_step == total_steps
-        ):
+        every = args.checkpoint_every
+        if every and (global_step // every > previous_step // every or global_step == total_steps):
             writer.flush()  # everything up to this checkpoint is on disk before it counts
-            path = save_checkpoint(f"runs/{run_name}/checkpoints", global_step, num_updates, q_network, target_network,
-                                   optimizer, rb, rng, recent_returns, args, run_name)
-            print(f"checkpoint {path}", flush=True)
+            state = dict(model=q_network.state_dict(), target_network=target_network.state_dict())
+            state.update(optimizer=optimizer.state_dict(), replay_memory=rb.state_dict(), num_updates=num_updates)
+            state.update(global_step=global_step, env0_games=env0_games, recent_returns=list(recent_returns))
+            state.update(numpy_rng=rng.bit_generator.state)
+            # keep=1: a checkpoint holds the memory's frames written so far, up to 7 GB
+            save_checkpoint(checkpoint_folder, f"step-{global_step:09d}.pt", state, args, run_name, keep=1)
 
     progress.close()
-    envs.close()
-    if args.capture_video:
-        video.close()
     recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
     print(
         f"finished {global_step} steps and {num_updates} updates, {sps} SPS, "
         f"mean return of the last {len(recent_returns)} games {recent}"
     )
-
+    envs.close()
+    if video is not None:
+        video.close()
     if args.save_model:
         model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
         save_model(model_path, q_network, args)
         print(f"model saved to {model_path}")
-        run_evaluation(args, device, writer, run_name, q_network, args.env_id)
+        run_evaluation(args, device, writer, run_name, q_network)
     writer.close()
     if run_lock is not None:
         run_lock.close()
+
+
+# =============================================================================================
+# Run infrastructure: what makes a run watchable, resumable and reusable; not the algorithm. Each
+# block is the same text in every script that has it (tests/test_blocks.py holds the copies equal),
+# but for the lines that end in `# this script`. Design notes: docs/design.md
+# =============================================================================================
+def fail(message: str):
+    """A user error: one line naming the problem, a non-zero exit, no traceback."""
+    sys.exit(f"error: {message}")
+
+
+def check_args(args: Args):
+    counts = ("num_envs", "buffer_size", "batch_size", "total_timesteps", "train_frequency")
+    for name in (*counts, "target_network_frequency", "eval_episodes", "max_episode_steps"):
+        if getattr(args, name) < 1:
+            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    for name in ("start_e", "end_e", "exploration_fraction", "eval_epsilon"):
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            fail(f"--{name.replace('_', '-')} must lie in [0, 1], got {getattr(args, name)}")
+    if not 0.0 < args.tau <= 1.0:
+        fail(f"--tau must lie in (0, 1], got {args.tau}")
+    if args.checkpoint_every < 0:
+        fail(f"--checkpoint-every must be 0 (never) or positive, got {args.checkpoint_every}")
+    atari_game(args.env_id)  # an unknown env id fails here, before anything is written
+    if args.eval_checkpoint is not None:
+        return
+    if args.buffer_size % args.num_envs != 0:
+        fail(f"--buffer-size {args.buffer_size} is not divisible by --num-envs {args.num_envs}")
+    if args.buffer_size // args.num_envs < MIN_SLOTS_PER_ENV:
+        fail(f"--buffer-size {args.buffer_size} holds fewer than {MIN_SLOTS_PER_ENV} steps per env; raise it")
+    if args.total_timesteps < args.num_envs:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one step of the {args.num_envs} envs")
+    if not 0 <= args.learning_starts < args.total_timesteps:
+        fail(
+            f"--learning-starts {args.learning_starts} must lie in [0, total_timesteps = {args.total_timesteps}): "
+            "the run would never update; lower it"
+        )
+
+
+def start_logging(args: Args, run_name: str, checkpoint: dict | None) -> SummaryWriter:
+    """TensorBoard events in runs/{run_name}, and wandb under --track. A resumed run goes on in its own
+    directory and wandb run, and hides what its interrupted attempt logged after the checkpoint."""
+    if args.track:
+        import wandb
+
+        project = dict(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), save_code=True)
+        wandb.init(**project, name=run_name, id=run_name, resume="allow", sync_tensorboard=True)  # id: resumable
+    writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
+    if checkpoint is None:
+        table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    return writer
+
+
+class Progress:
+    """How far the run is, for whoever reads its output: a live line on a terminal; elsewhere (a log
+    file, Slurm, nohup, a container) a plain line at most every `interval` seconds, and always the
+    first and the last one."""
+
+    def __init__(self, total_steps: int, interval: float):
+        self.total, self.interval, self.last_print = total_steps, interval, -float("inf")
+        self.on_terminal = sys.stderr.isatty()
+
+    def show(self, global_step: int, sps: int, recent_returns: deque):
+        now = time.time()
+        if not self.on_terminal and now - self.last_print < self.interval and global_step < self.total:
+            return
+        self.last_print = now
+        recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
+        eta = int((self.total - global_step) / max(sps, 1))
+        line = f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
+        line += f" | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
+        print(f"\r{line}   " if self.on_terminal else line, end="" if self.on_terminal else None, file=sys.stderr)
+        sys.stderr.flush()
+
+    def close(self):
+        if self.on_terminal:
+            print(file=sys.stderr)
+
+
+def capped_cubic(game: int) -> bool:
+    """Games 0, 1, 8, 27, ..., 729, then every 1000th: many videos early, few in a long run."""
+    return round(game ** (1 / 3)) ** 3 == game if game < 1000 else game % 1000 == 0
+
+
+class VideoRecorder:
+    """Records games of env 0 as RGB mp4 files, `{folder}/game-{k}.mp4` for the k-th game. The agent's
+    envs give only 84x84 grayscale stacks, so a one-env shadow of env 0 (same game, seed and settings,
+    full 210x160 RGB screens) is given env 0's actions and plays the identical game. Frames stream to a
+    thread that pipes them to ffmpeg: training never waits for an encoder, and a long game is never
+    held in memory. A video holds its game's first screen and one per step; `close()` keeps a game
+    still in play up to its last screen. Under --track each finished file goes to wandb."""
+
+    def __init__(self, folder: str, env_id: str, seed: int, args: Args, first_game=0, schedule=capped_cubic):
+        import imageio_ffmpeg  # imported here: only video runs pay for it
+
+        os.makedirs(folder, exist_ok=True)
+        self.folder, self.schedule, self.game, self.track = folder, schedule, first_game, args.track
+        sticky, time_limit = args.repeat_action_probability, args.max_episode_steps
+        self.shadow = make_envs(env_id, 1, sticky, time_limit, rgb_frames=True)  # this script
+        screen, _ = self.shadow.reset(seed=seed)  # this script
+        self.frames = queue.Queue(maxsize=1000)  # bounded: a stalled encoder slows training, never fills memory
+        self.encoder = threading.Thread(target=self.encode, args=(imageio_ffmpeg,), daemon=True)
+        self.encoder.start()
+        self.start_game(screen[0, -1])  # this script
+
+    def start_game(self, screen):
+        self.recording = self.schedule(self.game)
+        if self.recording:
+            self.frames.put(os.path.join(self.folder, f"game-{self.game}.mp4"))
+            self.frames.put(screen)
+
+    def step(self, action_env0: int):
+        screen, _, terminated, truncated, info = self.shadow.step(np.array([action_env0]))
+        game_over, last_screen = terminated[0] or truncated[0], info.get("final_obs", screen)[0, -1]  # this script
+        if self.recording:
+            self.frames.put(last_screen if game_over else screen[0, -1])  # this script
+            if game_over:
+                self.frames.put(None)  # the end of this game's file
+        if game_over:
+            self.game += 1
+            self.start_game(screen[0, -1])  # this script
+
+    def encode(self, imageio_ffmpeg):
+        writer = None
+        while (item := self.frames.get()) is not StopIteration:
+            if isinstance(item, str):
+                path, writer = item, imageio_ffmpeg.write_frames(item, (160, 210), fps=30, macro_block_size=1)
+                writer.send(None)  # starts ffmpeg
+            elif item is None:
+                writer.close()
+                writer = None
+                if self.track:
+                    import wandb
+
+                    wandb.log({"videos/game": wandb.Video(path, format="mp4")}, commit=False)
+            else:
+                writer.send(np.ascontiguousarray(item))
+        if writer is not None:
+            writer.close()
+
+    def close(self):
+        self.frames.put(StopIteration)
+        self.encoder.join()
+        self.shadow.close()
+
+
+def save_model(path: str, agent: nn.Module, args: Args):
+    # Written to a temporary file and renamed, so a crash never leaves a truncated file.
+    model = {"model": agent.state_dict(), "num_actions": agent.network[-1].out_features}  # this script
+    torch.save({**model, "args": vars(args)}, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_model(path: str, device) -> tuple[nn.Module, dict]:
+    if not os.path.isfile(path):
+        fail(f"checkpoint {path!r} does not exist")
+    try:
+        payload = torch.load(path, map_location=device, weights_only=True)
+        agent = QNetwork(payload["num_actions"]).to(device).to(memory_format=torch.channels_last)  # this script
+        agent.load_state_dict(payload["model"])  # this script
+    except Exception as e:  # any unreadable or foreign file is the same user error
+        fail(f"checkpoint {path!r} is not a readable {os.path.basename(__file__)} model ({type(e).__name__})")
+    return agent, dict(payload["args"])
+
+
+def evaluate(agent: nn.Module, env_id: str, eval_episodes: int, device, args: Args, seed=0, video_folder=None) -> list:
+    """Plays `eval_episodes` whole games (all lives, unclipped score) with the agent's policy."""
+    num_envs = min(8, eval_episodes)
+    # Each env plays a fixed quota of games: keeping the first games to finish would favour short (bad) ones.
+    quota = [eval_episodes // num_envs + (i < eval_episodes % num_envs) for i in range(num_envs)]
+    sticky, time_limit = args.repeat_action_probability, args.max_episode_steps
+    envs = make_envs(env_id, num_envs, sticky, time_limit)  # this script
+    rng = np.random.default_rng(seed)  # this script
+    video = (
+        VideoRecorder(video_folder, env_id, seed, args, schedule=lambda game: game < quota[0]) if video_folder else None
+    )
+    stats, returns = EpisodeStatistics(num_envs), [[] for _ in range(num_envs)]
+    obs, _ = envs.reset(seed=seed)
+    while any(len(r) < q for r, q in zip(returns, quota)):
+        action = epsilon_greedy(agent, obs, args.eval_epsilon, rng, device)  # this script
+        obs, reward, terminated, truncated, _ = envs.step(action)
+        if video is not None:
+            video.step(action[0])
+        for i, episodic_return, _ in stats.step(reward, terminated | truncated):  # this script
+            if len(returns[i]) < quota[i]:
+                returns[i].append(episodic_return)
+    envs.close()
+    if video is not None:
+        video.close()
+    return [r for env_returns in returns for r in env_returns]
+
+
+def run_evaluation(args: Args, device, writer: SummaryWriter, run_name: str, agent=None) -> list:
+    """Plays --eval-episodes games with the trained agent, or else with the model --eval-checkpoint names,
+    under this command's emulator settings; prints and logs their returns."""
+    env_id = args.env_id
+    if agent is None:
+        agent, saved_args = load_model(args.eval_checkpoint, device)
+        env_id = saved_args["env_id"]
+        for name in ("repeat_action_probability", "max_episode_steps"):
+            if name in saved_args and saved_args[name] != getattr(args, name):
+                print(
+                    f"warning: evaluating with --{name.replace('_', '-')} {getattr(args, name)}; "
+                    f"the model was trained with {saved_args[name]}",
+                    file=sys.stderr,
+                )
+    video_folder = f"videos/{run_name}-eval" if args.capture_video else None
+    returns = evaluate(agent, env_id, args.eval_episodes, device, args, args.seed, video_folder)
+    for i, episodic_return in enumerate(returns):
+        print(f"eval_episode={i}, episodic_return={episodic_return}")
+        writer.add_scalar("eval/episodic_return", episodic_return, i)
+    print(f"eval: mean return {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} games")
+    return returns
+
+
+def lock_run(folder: str):
+    """Holds the run's checkpoint folder for this process while the returned file stays open: a second
+    process resuming the same run (a job started twice, a trainer that outlived its runner) would log
+    every step twice and remove the other's checkpoints."""
+    os.makedirs(folder, exist_ok=True)
+    lock = open(os.path.join(folder, "lock"), "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fail(f"{folder} is in use: another process is running this run (stop it, or wait for it to end)")
+    return lock
+
+
+def script_digest() -> str:
+    """The SHA-256 of this file: a resumed run says when the code changed since its checkpoint."""
+    with open(__file__, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+# The resume rule of every script: a resumed run may change how it is watched and saved, and where it
+# runs, never what it learns. Every other argument must be the checkpoint's.
+RESUMABLE_CHANGES = {"track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_episodes"}
+RESUMABLE_CHANGES |= {"eval_checkpoint", "progress_interval", "checkpoint_every", "resume"}
+RESUMABLE_CHANGES |= {"cuda", "eval_epsilon"}  # this script: where it runs, how it is evaluated
+
+
+def save_checkpoint(folder: str, name: str, state: dict, args: Args, run_name: str, keep: int = 2) -> str:
+    """Writes what a resumed run needs to `folder/name`, with the random streams, the run's arguments and
+    name: to a temporary file, synced and renamed, so a crash leaves the previous checkpoint or this one,
+    never a truncated file. The newest `keep` checkpoints are kept."""
+    path = os.path.join(folder, name)
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []  # this script
+    state = {**state, "rng_state": {"torch": torch.get_rng_state(), "cuda": cuda_rng}}  # this script
+    state.update(args=vars(args), run_name=run_name, script_sha256=script_digest())
+    with open(path + ".tmp", "wb") as f:
+        torch.save(state, f)  # this script
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+    directory = os.open(folder, os.O_RDONLY)  # the rename itself must reach the disk too
+    os.fsync(directory)
+    os.close(directory)
+    for older in sorted(glob.glob(os.path.join(folder, "*.pt")))[:-keep]:  # this script
+        os.remove(older)
+    print(f"checkpoint {path}", flush=True)
+    return path
+
+
+def load_checkpoint(resume: str, args: Args) -> dict | None:
+    """The checkpoint `--resume` names; `auto`: the newest of this env id, exp_name and seed in runs/, or
+    None when there is none. Its run's arguments must be this command's, but for RESUMABLE_CHANGES."""
+    if resume == "auto":
+        run_prefix = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__"
+        found = glob.glob(os.path.join("runs", f"{glob.escape(run_prefix)}*", "checkpoints", "*.pt"))  # this script
+        if not found:
+            print(f"--resume auto: no checkpoint of {run_prefix}* in runs/, starting a new run")
+            return None
+        resume = max(found, key=os.path.getmtime)
+    if not os.path.isfile(resume):
+        fail(f"--resume {resume!r}: no such checkpoint file (pass a runs/*/checkpoints/ file or auto)")
+    try:  # memory-mapped: a large checkpoint is read as it is restored, not held twice
+        checkpoint = torch.load(resume, map_location="cpu", weights_only=True, mmap=True)  # this script
+        saved_args, run_name, global_step = dict(checkpoint["args"]), checkpoint["run_name"], checkpoint["global_step"]
+    except Exception as e:  # an unreadable file, or a saved model instead of a checkpoint
+        fail(f"--resume {resume!r} is not a readable {os.path.basename(__file__)} checkpoint ({type(e).__name__})")
+    for name, value in vars(args).items():
+        if name not in RESUMABLE_CHANGES and saved_args.get(name) != value:
+            fail(f"--resume: the checkpoint's run has {name}={saved_args.get(name)!r}, this command {value!r}")
+    print(f"resuming {run_name} at step {global_step:,} from {resume}", flush=True)
+    if checkpoint.get("script_sha256") != script_digest():
+        print(
+            f"warning: {os.path.basename(__file__)} has changed since the checkpoint: the run goes on with it as it is"
+        )
+    return checkpoint
 
 
 if __name__ == "__main__":

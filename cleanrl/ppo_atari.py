@@ -300,21 +300,16 @@ def main(args: Args):
     torch.backends.cudnn.deterministic = args.torch_deterministic
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     warn_if_bf16_is_slow(args.mixed_precision, device)
-
     autocast = torch.autocast(device.type, torch.bfloat16, enabled=args.mixed_precision == "bf16")
 
+    run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     if args.eval_checkpoint is not None:  # no training: play the saved model's games
-        run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
         writer = start_logging(args, run_name, None)
         run_evaluation(args, device, writer, run_name)
         writer.close()
         return
     checkpoint = load_checkpoint(args.resume, args) if args.resume is not None else None
-    run_name = (
-        checkpoint["run_name"]
-        if checkpoint
-        else f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    )
+    run_name = checkpoint["run_name"] if checkpoint else run_name  # a resumed run goes on in its own folder
     checkpoint_folder = f"runs/{run_name}/checkpoints"
     run_lock = lock_run(checkpoint_folder) if args.checkpoint_every or checkpoint else None
     writer = start_logging(args, run_name, checkpoint)
@@ -413,16 +408,8 @@ def main(args: Args):
                 mb_inds = b_inds[start : start + args.minibatch_size]
                 with autocast:
                     _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
-                loss, stats = ppo_loss(
-                    newlogprob,
-                    entropy,
-                    newvalue,
-                    b_logprobs[mb_inds],
-                    b_advantages[mb_inds],
-                    b_returns[mb_inds],
-                    b_values[mb_inds],
-                    args,
-                )
+                old = b_logprobs[mb_inds], b_advantages[mb_inds], b_returns[mb_inds], b_values[mb_inds]
+                loss, stats = ppo_loss(newlogprob, entropy, newvalue, *old, args)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
@@ -437,8 +424,11 @@ def main(args: Args):
 
         sps = int((global_step - start_global_step) / (time.time() - start_time))
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        for name in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl"):
-            writer.add_scalar(f"losses/{name}", stats[name].item(), global_step)
+        writer.add_scalar("losses/value_loss", stats["value_loss"].item(), global_step)
+        writer.add_scalar("losses/policy_loss", stats["policy_loss"].item(), global_step)
+        writer.add_scalar("losses/entropy", stats["entropy"].item(), global_step)
+        writer.add_scalar("losses/old_approx_kl", stats["old_approx_kl"].item(), global_step)
+        writer.add_scalar("losses/approx_kl", stats["approx_kl"].item(), global_step)
         writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
@@ -610,14 +600,14 @@ class VideoRecorder:
         self.shadow.close()
 
 
-def save_model(path: str, agent: Agent, args: Args):
+def save_model(path: str, agent: nn.Module, args: Args):
     # Written to a temporary file and renamed, so a crash never leaves a truncated file.
     model = {"model": agent.state_dict(), "num_actions": agent.actor.out_features}  # this script
     torch.save({**model, "args": vars(args)}, path + ".tmp")
     os.replace(path + ".tmp", path)
 
 
-def load_model(path: str, device) -> tuple[Agent, dict]:
+def load_model(path: str, device) -> tuple[nn.Module, dict]:
     if not os.path.isfile(path):
         fail(f"checkpoint {path!r} does not exist")
     try:
@@ -629,8 +619,8 @@ def load_model(path: str, device) -> tuple[Agent, dict]:
     return agent, dict(payload["args"])
 
 
-def evaluate(agent: Agent, env_id: str, eval_episodes: int, device, args: Args, seed=0, video_folder=None) -> list:
-    """Plays `eval_episodes` whole games (all lives, unclipped score) with the sampled policy."""
+def evaluate(agent: nn.Module, env_id: str, eval_episodes: int, device, args: Args, seed=0, video_folder=None) -> list:
+    """Plays `eval_episodes` whole games (all lives, unclipped score) with the agent's policy."""
     num_envs = min(8, eval_episodes)
     # Each env plays a fixed quota of games: keeping the first games to finish would favour short (bad) ones.
     quota = [eval_episodes // num_envs + (i < eval_episodes % num_envs) for i in range(num_envs)]

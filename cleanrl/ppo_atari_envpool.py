@@ -153,15 +153,15 @@ def make_envs(env_id, num_envs, repeat_action_probability, seed, max_episode_ste
 
 
 class EpisodeStatistics:
-    """Running score of the game each environment is playing; its length is envpool's own `elapsed_step`."""
+    """Running score and length of the game each environment is playing: envpool's raw `reward`, `elapsed_step`."""
 
     def __init__(self, num_envs: int):
         self.returns = np.zeros(num_envs, dtype=np.float64)
 
-    def step(self, rewards: np.ndarray, game_over: np.ndarray, lengths: np.ndarray) -> list[tuple[int, float, int]]:
+    def step(self, info: dict, game_over: np.ndarray) -> list[tuple[int, float, int]]:
         """Adds one step of unclipped rewards; returns (env index, return, length) of finished games."""
-        self.returns += rewards
-        finished = [(i, float(self.returns[i]), int(lengths[i])) for i in np.flatnonzero(game_over)]
+        self.returns += info["reward"]
+        finished = [(i, float(self.returns[i]), int(info["elapsed_step"][i])) for i in np.flatnonzero(game_over)]
         self.returns[game_over] = 0.0
         return finished
 
@@ -304,21 +304,16 @@ def main(args: Args):
     torch.backends.cudnn.deterministic = args.torch_deterministic
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     warn_if_bf16_is_slow(args.mixed_precision, device)
-
     autocast = torch.autocast(device.type, torch.bfloat16, enabled=args.mixed_precision == "bf16")
 
+    run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     if args.eval_checkpoint is not None:  # no training: play the saved model's games
-        run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
         writer = start_logging(args, run_name, None)
         run_evaluation(args, device, writer, run_name)
         writer.close()
         return
     checkpoint = load_checkpoint(args.resume, args) if args.resume is not None else None
-    run_name = (
-        checkpoint["run_name"]
-        if checkpoint
-        else f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    )
+    run_name = checkpoint["run_name"] if checkpoint else run_name  # a resumed run goes on in its own folder
     checkpoint_folder = f"runs/{run_name}/checkpoints"
     run_lock = lock_run(checkpoint_folder) if args.checkpoint_every or checkpoint else None
     writer = start_logging(args, run_name, checkpoint)
@@ -390,9 +385,7 @@ def main(args: Args):
             env0_games += bool(game_over[0])
             # The env steps of one vector step count as consecutive global steps, env 0 first, so
             # every game is logged at a step of its own.
-            for i, episodic_return, episodic_length in episode_stats.step(
-                info["reward"], game_over, info["elapsed_step"]
-            ):
+            for i, episodic_return, episodic_length in episode_stats.step(info, game_over):
                 recent_returns.append(episodic_return)
                 writer.add_scalar("charts/episodic_return", episodic_return, global_step - args.num_envs + i + 1)
                 writer.add_scalar("charts/episodic_length", episodic_length, global_step - args.num_envs + i + 1)
@@ -415,16 +408,8 @@ def main(args: Args):
             for mb_inds in played_minibatches(played, args.num_minibatches):
                 with autocast:
                     _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
-                loss, stats = ppo_loss(
-                    newlogprob,
-                    entropy,
-                    newvalue,
-                    b_logprobs[mb_inds],
-                    b_advantages[mb_inds],
-                    b_returns[mb_inds],
-                    b_values[mb_inds],
-                    args,
-                )
+                old = b_logprobs[mb_inds], b_advantages[mb_inds], b_returns[mb_inds], b_values[mb_inds]
+                loss, stats = ppo_loss(newlogprob, entropy, newvalue, *old, args)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
@@ -618,14 +603,14 @@ class VideoRecorder:
         self.shadow.close()
 
 
-def save_model(path: str, agent: Agent, args: Args):
+def save_model(path: str, agent: nn.Module, args: Args):
     # Written to a temporary file and renamed, so a crash never leaves a truncated file.
     model = {"model": agent.state_dict(), "num_actions": agent.actor.out_features}  # this script
     torch.save({**model, "args": vars(args)}, path + ".tmp")
     os.replace(path + ".tmp", path)
 
 
-def load_model(path: str, device) -> tuple[Agent, dict]:
+def load_model(path: str, device) -> tuple[nn.Module, dict]:
     if not os.path.isfile(path):
         fail(f"checkpoint {path!r} does not exist")
     try:
@@ -637,8 +622,8 @@ def load_model(path: str, device) -> tuple[Agent, dict]:
     return agent, dict(payload["args"])
 
 
-def evaluate(agent: Agent, env_id: str, eval_episodes: int, device, args: Args, seed=0, video_folder=None) -> list:
-    """Plays `eval_episodes` whole games (all lives, unclipped score) with the sampled policy."""
+def evaluate(agent: nn.Module, env_id: str, eval_episodes: int, device, args: Args, seed=0, video_folder=None) -> list:
+    """Plays `eval_episodes` whole games (all lives, unclipped score) with the agent's policy."""
     num_envs = min(8, eval_episodes)
     # Each env plays a fixed quota of games: keeping the first games to finish would favour short (bad) ones.
     quota = [eval_episodes // num_envs + (i < eval_episodes % num_envs) for i in range(num_envs)]
@@ -657,7 +642,7 @@ def evaluate(agent: Agent, env_id: str, eval_episodes: int, device, args: Args, 
         if video is not None:
             video.step(action[0])
         game_over = info["terminated"].astype(bool) | truncated  # this script
-        for i, episodic_return, _ in stats.step(info["reward"], game_over, info["elapsed_step"]):  # this script
+        for i, episodic_return, _ in stats.step(info, game_over):  # this script
             if len(returns[i]) < quota[i]:
                 returns[i].append(episodic_return)
     envs.close()

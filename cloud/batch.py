@@ -30,7 +30,8 @@ class Parser(argparse.ArgumentParser):
 def add_endpoint_argument(parser: argparse.ArgumentParser):
     parser.add_argument(
         "--endpoint-url",
-        help="the Batch endpoint, e.g. a local test server (default: AWS_ENDPOINT_URL, else AWS's endpoint of the region)",
+        help="the Batch endpoint, e.g. a local test server "
+        "(default: AWS_ENDPOINT_URL, else AWS's endpoint of the region)",
     )
 
 
@@ -40,7 +41,9 @@ def batch_client(endpoint_url: str | None):
     if session.region_name is None:
         fail("no AWS region: set AWS_DEFAULT_REGION (or AWS_REGION), or a region in ~/.aws/config (aws configure)")
     if session.get_credentials() is None:
-        fail("no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, or run aws configure")
+        fail(
+            "no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, or run aws configure"
+        )
     return session.client("batch", endpoint_url=endpoint_url)
 
 

@@ -97,16 +97,30 @@ def launch(command: list[str], environ: dict) -> tuple[list[str], dict, str]:
 
     env = dict(environ)
     if distributed_kind(script) == "jax":
-        env.update(JAX_COORDINATOR_ADDRESS=f"{address}:{port}", JAX_NUM_PROCESSES=str(num_nodes),
-                   JAX_PROCESS_ID=str(rank))
+        env.update(
+            JAX_COORDINATOR_ADDRESS=f"{address}:{port}", JAX_NUM_PROCESSES=str(num_nodes), JAX_PROCESS_ID=str(rank)
+        )
         argv = (interpreter or [sys.executable]) + [script, *script_args]
         return argv, env, f"entrypoint: {where}: jax.distributed, {' '.join(argv)}"
 
     nproc = node_int(environ, "NPROC_PER_NODE") if "NPROC_PER_NODE" in environ else gpus_on_this_node() or 1
     # torchrun is started by this interpreter, the image's Python, whatever the command called it.
     argv = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", str(num_nodes), "--node-rank", str(rank),
-        "--master-addr", address, "--master-port", str(port), "--nproc-per-node", str(nproc), script, *script_args,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(num_nodes),
+        "--node-rank",
+        str(rank),
+        "--master-addr",
+        address,
+        "--master-port",
+        str(port),
+        "--nproc-per-node",
+        str(nproc),
+        script,
+        *script_args,
     ]
     return argv, env, f"entrypoint: {where}: torchrun, {nproc} process(es) on this node: {' '.join(argv)}"
 

@@ -12,7 +12,14 @@ import time
 from collections import Counter
 
 from batch import (
-    SWEEP_TAG, Parser, add_endpoint_argument, aws_errors, batch_client, check_sweep_id, fail, require_job_queue,
+    SWEEP_TAG,
+    Parser,
+    add_endpoint_argument,
+    aws_errors,
+    batch_client,
+    check_sweep_id,
+    fail,
+    require_job_queue,
     sweep_filter,
 )
 
@@ -62,9 +69,12 @@ def main():
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep-id", required=True, help="the sweep id that cloud/submit.py printed")
     parser.add_argument("--job-queue", default="cleanrl-queue", help="the sweep's job queue (default: cleanrl-queue)")
-    parser.add_argument("--wait", action="store_true",
-                        help="wait until every job has ended; exit non-zero naming the failed ones")
-    parser.add_argument("--interval", type=float, default=60.0, help="seconds between two looks with --wait (default: 60)")
+    parser.add_argument(
+        "--wait", action="store_true", help="wait until every job has ended; exit non-zero naming the failed ones"
+    )
+    parser.add_argument(
+        "--interval", type=float, default=60.0, help="seconds between two looks with --wait (default: 60)"
+    )
     add_endpoint_argument(parser)
     cli = parser.parse_args()
     check_sweep_id(cli.sweep_id)
@@ -75,7 +85,10 @@ def main():
     require_job_queue(client, cli.job_queue)
     jobs = sweep_jobs(client, cli.job_queue, cli.sweep_id)
     if not jobs:
-        fail(f"no jobs of sweep {cli.sweep_id} in job queue {cli.job_queue} (Batch lists ended jobs for a limited time only)")
+        fail(
+            f"no jobs of sweep {cli.sweep_id} in job queue {cli.job_queue} "
+            "(Batch lists ended jobs for a limited time only)"
+        )
     print(f"sweep {cli.sweep_id} in {cli.job_queue}: {len(jobs)} job{'s' if len(jobs) > 1 else ''}", flush=True)
     for job in jobs:
         print(job_line(job), flush=True)

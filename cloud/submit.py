@@ -22,12 +22,18 @@ import shlex
 import time
 
 import botocore.session
-from botocore.validate import validate_parameters
-
 from batch import (
-    SWEEP_TAG, Parser, add_endpoint_argument, aws_errors, batch_client, check_sweep_id, fail, job_name,
+    SWEEP_TAG,
+    Parser,
+    add_endpoint_argument,
+    aws_errors,
+    batch_client,
+    check_sweep_id,
+    fail,
+    job_name,
     require_job_queue,
 )
+from botocore.validate import validate_parameters
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Retry an attempt whose instance went away (a Spot reclaim: "Host EC2 (instance i-...) terminated."),
@@ -90,8 +96,9 @@ def has_flag(command: list[str], field: str) -> bool:
     return any(word in flags or word.split("=")[0] in flags for word in command)
 
 
-def container_command(command: list[str], fields: set[str], env_id: str, seed: int, sweep_id: str,
-                      checkpoint_every: int) -> list[str]:
+def container_command(
+    command: list[str], fields: set[str], env_id: str, seed: int, sweep_id: str, checkpoint_every: int
+) -> list[str]:
     """The command of one job of the sweep."""
     full = [*command, "--env-id", env_id, "--seed", str(seed)]
     if "exp_name" in fields and not has_flag(command, "exp_name"):
@@ -122,8 +129,9 @@ def requests(cli, command: list[str], fields: set[str]) -> list[dict]:
     result, resources = [], resource_overrides(cli)
     for env_id in cli.env_ids:
         for seed in cli.seeds:
-            overrides = {"command": container_command(command, fields, env_id, seed, cli.sweep_id,
-                                                      cli.checkpoint_every)}
+            overrides = {
+                "command": container_command(command, fields, env_id, seed, cli.sweep_id, cli.checkpoint_every)
+            }
             if resources:
                 overrides["resourceRequirements"] = resources
             request = {
@@ -181,23 +189,42 @@ def main():
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env-ids", nargs="*", required=True, help="the env ids of the sweep, one job each per seed")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1], help="the seeds of the sweep (default: 1)")
-    parser.add_argument("--command", required=True,
-                        help='the script command without --env-id/--seed, e.g. "python cleanrl/ppo_atari.py --total-timesteps 10000000"')
+    parser.add_argument(
+        "--command",
+        required=True,
+        help="the script command without --env-id/--seed, "
+        'e.g. "python cleanrl/ppo_atari.py --total-timesteps 10000000"',
+    )
     parser.add_argument("--job-queue", default="cleanrl-queue", help="the Batch job queue (default: cleanrl-queue)")
-    parser.add_argument("--job-definition", default="cleanrl-ppo",
-                        help="the job definition, NAME (its newest revision), NAME:REVISION or its ARN (default: cleanrl-ppo)")
+    parser.add_argument(
+        "--job-definition",
+        default="cleanrl-ppo",
+        help="the job definition, NAME (its newest revision), NAME:REVISION or its ARN (default: cleanrl-ppo)",
+    )
     parser.add_argument("--vcpus", type=int, help="vCPUs of each job (default: the job definition's)")
     parser.add_argument("--memory", type=int, help="memory of each job in MiB (default: the job definition's)")
     parser.add_argument("--gpus", type=int, help="GPUs of each job (default: the job definition's)")
-    parser.add_argument("--attempts", type=int,
-                        help="attempts of each job, retried only after a host termination such as a Spot reclaim "
-                             "(default: the job definition's)")
-    parser.add_argument("--timeout", type=int,
-                        help="seconds an attempt may run before Batch stops it, at least 60 (default: the job definition's)")
-    parser.add_argument("--checkpoint-every", type=int, default=50,
-                        help="iterations between checkpoints, for scripts that have --checkpoint-every and --resume "
-                             "(0: add neither; default: 50)")
-    parser.add_argument("--sweep-id", help="the sweep's id, a tag and name prefix of its jobs (default: SCRIPT-DATE-TIME)")
+    parser.add_argument(
+        "--attempts",
+        type=int,
+        help="attempts of each job, retried only after a host termination such as a Spot reclaim "
+        "(default: the job definition's)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=int,
+        help="seconds an attempt may run before Batch stops it, at least 60 (default: the job definition's)",
+    )
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=50,
+        help="iterations between checkpoints, for scripts that have --checkpoint-every and --resume "
+        "(0: add neither; default: 50)",
+    )
+    parser.add_argument(
+        "--sweep-id", help="the sweep's id, a tag and name prefix of its jobs (default: SCRIPT-DATE-TIME)"
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the SubmitJob requests and call nothing")
     add_endpoint_argument(parser)
     cli = parser.parse_args()
@@ -220,17 +247,24 @@ def main():
         fail(f"--command cannot be split into words: {e}")
     for field in ("env_id", "seed"):
         if has_flag(command, field):
-            fail(f"--command sets --{field.replace('_', '-')}: the sweep sets it for each job (use --env-ids / --seeds)")
+            fail(
+                f"--command sets --{field.replace('_', '-')}: the sweep sets it for each job (use --env-ids / --seeds)"
+            )
     script, fields = script_fields(command)
     stem = os.path.splitext(os.path.basename(script))[0]
     cli.sweep_id = cli.sweep_id or f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_sweep_id(cli.sweep_id)
     if cli.checkpoint_every > 0 and not {"checkpoint_every", "resume"} <= fields:
         print(f"note: {script} has no --checkpoint-every/--resume: a retried attempt starts its run over", flush=True)
-    elif (cli.checkpoint_every > 0 and not has_flag(command, "checkpoint_every")
-          and not counts_checkpoints_in_iterations(script)):
-        fail(f"{script} counts --checkpoint-every in env steps, not iterations: give it in --command (e.g. "
-             "--checkpoint-every 250000), or pass --checkpoint-every 0 for no checkpoints")
+    elif (
+        cli.checkpoint_every > 0
+        and not has_flag(command, "checkpoint_every")
+        and not counts_checkpoints_in_iterations(script)
+    ):
+        fail(
+            f"{script} counts --checkpoint-every in env steps, not iterations: give it in --command (e.g. "
+            "--checkpoint-every 250000), or pass --checkpoint-every 0 for no checkpoints"
+        )
 
     submit_requests = requests(cli, command, fields)
     validate_requests(submit_requests)

@@ -50,7 +50,9 @@ def assert_run_resumes_where_its_checkpoint_left_it(module, tmp_path, monkeypatc
         assert [step for step, _ in scalars[tag]] == iteration_steps, tag
     learning_rate = module.Args().learning_rate
     np.testing.assert_allclose(
-        [value for _, value in scalars["charts/learning_rate"]], [learning_rate * (1 - i / 4) for i in range(4)], rtol=1e-6
+        [value for _, value in scalars["charts/learning_rate"]],
+        [learning_rate * (1 - i / 4) for i in range(4)],
+        rtol=1e-6,
     )
     game_steps = [step for step, _ in scalars["charts/episodic_return"]]
     assert game_steps, "the run finished games: their steps are checked"

@@ -17,8 +17,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # version, so that a later test loads it instead of compiling it again (a short run of the JAX
 # script: about 38 s instead of 47-58 s on the 2-core machine). Set before any test imports JAX;
 # the scripts the tests start inherit it.
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
-                      os.path.join(tempfile.gettempdir(), f"cleanrl-fast-tests-jax-cache-{os.getuid()}"))
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"cleanrl-fast-tests-jax-cache-{os.getuid()}")
+)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 

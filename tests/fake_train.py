@@ -14,11 +14,17 @@ parser.add_argument("--iterations", type=int, default=3)
 parser.add_argument("--sleep", type=float, default=0.0, help="seconds per iteration")
 parser.add_argument("--fail-seeds", type=int, nargs="*", default=[], help="exit 1 after training with these seeds")
 parser.add_argument("--pid-dir", help="write this process's pid (and its helper's) to files there")
-parser.add_argument("--spawn-helper", action="store_true",
-                    help="start a sleeping child in a session of its own, as torchrun starts its workers")
+parser.add_argument(
+    "--spawn-helper",
+    action="store_true",
+    help="start a sleeping child in a session of its own, as torchrun starts its workers",
+)
 parser.add_argument("--ignore-sigint", action="store_true", help="a run stuck in native code")
-parser.add_argument("--tensorboard", action="store_true",
-                    help="make the run's directory as the scripts do, runs/{env_id}__fake_train__{seed}__{time}")
+parser.add_argument(
+    "--tensorboard",
+    action="store_true",
+    help="make the run's directory as the scripts do, runs/{env_id}__fake_train__{seed}__{time}",
+)
 parser.add_argument("--resume", help="accepted as the scripts accept it; a fake run has nothing to resume")
 args = parser.parse_args()
 
@@ -41,8 +47,14 @@ total = 1000 * args.iterations
 for iteration in range(1, args.iterations + 1):
     time.sleep(args.sleep)
     steps, sps, recent = 1000 * iteration, 100 * args.seed + iteration, f"{args.seed + iteration / 10:.2f}"
-    print(f"{steps:,}/{total:,} steps | {sps:,} SPS | return (last {iteration}) {recent} | ETA 0:00:01",
-          file=sys.stderr, flush=True)
-print(f"finished {args.iterations} iterations, {total} steps, {sps} SPS, mean return of the last "
-      f"{args.iterations} games {recent}", flush=True)
+    print(
+        f"{steps:,}/{total:,} steps | {sps:,} SPS | return (last {iteration}) {recent} | ETA 0:00:01",
+        file=sys.stderr,
+        flush=True,
+    )
+print(
+    f"finished {args.iterations} iterations, {total} steps, {sps} SPS, mean return of the last "
+    f"{args.iterations} games {recent}",
+    flush=True,
+)
 sys.exit(1 if args.seed in args.fail_seeds else 0)

@@ -14,18 +14,19 @@ MARK = "# this script"
 
 # Which scripts carry which block. A script that gains a block joins its list.
 ATARI_TORCH = ["ppo_atari.py", "ppo_atari_envpool.py"]
-WITH_CHECKPOINTS = ["ppo_atari.py", "ppo_atari_envpool.py"]
+WITH_CHECKPOINTS = ["ppo_atari.py", "dqn_atari.py", "ppo_atari_envpool.py"]
 BLOCKS = {
-    "fail": ["ppo_atari.py", "ppo_atari_envpool.py"],
-    "start_logging": ["ppo_atari.py", "ppo_atari_envpool.py"],
-    "Progress": ["ppo_atari.py", "ppo_atari_envpool.py"],
+    "fail": ["ppo_atari.py", "dqn_atari.py", "dqn.py", "ppo_atari_envpool.py"],
+    "start_logging": ["ppo_atari.py", "dqn_atari.py", "dqn.py", "ppo_atari_envpool.py"],
+    "Progress": ["ppo_atari.py", "dqn_atari.py", "dqn.py", "ppo_atari_envpool.py"],
     "warn_if_bf16_is_slow": ATARI_TORCH,
-    "capped_cubic": ATARI_TORCH,
-    "VideoRecorder": ATARI_TORCH,
-    "save_model": ATARI_TORCH,
-    "load_model": ATARI_TORCH,
-    "evaluate": ["ppo_atari.py"],  # ppo_atari_envpool.py's resets and steps its envs in lines the template shares
-    "run_evaluation": ATARI_TORCH,
+    "capped_cubic": ATARI_TORCH + ["dqn_atari.py"],
+    "VideoRecorder": ATARI_TORCH + ["dqn_atari.py"],
+    "save_model": ATARI_TORCH + ["dqn_atari.py", "dqn.py"],
+    "load_model": ATARI_TORCH + ["dqn_atari.py", "dqn.py"],
+    # ppo_atari_envpool.py joins when the lines that reset and step the envs are marked (envpool seeds at creation).
+    "evaluate": ["ppo_atari.py", "dqn_atari.py"],
+    "run_evaluation": ATARI_TORCH + ["dqn_atari.py"],
     "lock_run": WITH_CHECKPOINTS,
     "script_digest": WITH_CHECKPOINTS,
     "RESUMABLE_CHANGES": WITH_CHECKPOINTS,

@@ -4,7 +4,6 @@ under `pytest -n 2`."""
 import fcntl
 
 import pytest
-
 from conftest import CORES_LOCK
 
 

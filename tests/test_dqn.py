@@ -8,12 +8,21 @@ import numpy as np
 import pytest
 import torch
 from common import (
-    DQN_TAGS, assert_corrupt_checkpoint_rejected, assert_evaluation_printed, assert_linear_epsilon_schedule,
-    assert_tracked_evaluation_logs_under_the_models_env,
-    assert_main_fails_with, assert_progress_follows_the_convention, assert_progress_lines_printed,
+    DQN_TAGS,
+    assert_corrupt_checkpoint_rejected,
+    assert_evaluation_printed,
+    assert_linear_epsilon_schedule,
+    assert_main_fails_with,
+    assert_progress_follows_the_convention,
+    assert_progress_lines_printed,
     assert_target_update_copies_or_averages,
-    assert_td_target_bootstraps_from_the_target_network, assert_td_target_matches_reference, assert_user_error,
-    read_scalars, run_dirs, run_script,
+    assert_td_target_bootstraps_from_the_target_network,
+    assert_td_target_matches_reference,
+    assert_tracked_evaluation_logs_under_the_models_env,
+    assert_user_error,
+    read_scalars,
+    run_dirs,
+    run_script,
 )
 
 import cleanrl.dqn as dqn
@@ -50,8 +59,14 @@ gym.register("DqnTruncatedAfter4-v0", entry_point=CountingEnv, max_episode_steps
 
 def small_args(env_id: str, **overrides) -> dqn.Args:
     fields = dict(
-        env_id=env_id, total_timesteps=400, learning_starts=100, train_frequency=10, target_network_frequency=50,
-        batch_size=16, buffer_size=1000, cuda=False,
+        env_id=env_id,
+        total_timesteps=400,
+        learning_starts=100,
+        train_frequency=10,
+        target_network_frequency=50,
+        batch_size=16,
+        buffer_size=1000,
+        cuda=False,
     )
     return dqn.Args(**{**fields, **overrides})
 
@@ -134,7 +149,11 @@ def test_epsilon_greedy_explores_uniformly_at_rate_epsilon_and_runs_the_network_
     assert actions.dtype == np.int64
 
     CountingQNetwork.calls = 0
-    assert set(np.concatenate([dqn.epsilon_greedy(q_network, obs, 1.0, 3, rng, "cpu") for _ in range(300)])) == {0, 1, 2}
+    assert set(np.concatenate([dqn.epsilon_greedy(q_network, obs, 1.0, 3, rng, "cpu") for _ in range(300)])) == {
+        0,
+        1,
+        2,
+    }
     assert CountingQNetwork.calls == 0  # every env explored: the network never ran
     assert (dqn.epsilon_greedy(q_network, obs, 0.0, 3, rng, "cpu") == 2).all()
     assert CountingQNetwork.calls == 1
@@ -209,9 +228,9 @@ def test_evaluation_plays_the_requested_episodes_greedily_at_epsilon_zero():
     with torch.no_grad():  # always push left: CartPole falls within a few steps, the same each time
         q_network.network[-1].weight.zero_()
         q_network.network[-1].bias.copy_(torch.tensor([1.0, 0.0]))
-    returns = dqn.evaluate(q_network, "CartPole-v1", 3, torch.device("cpu"), epsilon=0.0, seed=1)
+    returns = dqn.play_episodes(q_network, "CartPole-v1", 3, torch.device("cpu"), epsilon=0.0, seed=1)
     assert len(returns) == 3 and all(r < 15 for r in returns)
-    random_returns = dqn.evaluate(q_network, "CartPole-v1", 20, torch.device("cpu"), epsilon=1.0, seed=1)
+    random_returns = dqn.play_episodes(q_network, "CartPole-v1", 20, torch.device("cpu"), epsilon=1.0, seed=1)
     assert np.mean(random_returns) > np.mean(returns)
 
 
@@ -219,16 +238,24 @@ def test_loaded_model_equals_saved_model(tmp_path):
     q_network, args = dqn.QNetwork(4, 2), dqn.Args()
     path = str(tmp_path / "q.cleanrl_model")
     dqn.save_model(path, q_network, args)
-    loaded, env_id = dqn.load_model(path, torch.device("cpu"))
-    assert env_id == args.env_id
+    loaded, saved_args = dqn.load_model(path, torch.device("cpu"))
+    assert saved_args["env_id"] == args.env_id
     obs = torch.randn(5, 4)
     torch.testing.assert_close(loaded(obs), q_network(obs), rtol=0, atol=0)
 
 
 def test_short_run_logs_every_tag_progress_and_summary_then_saves_and_evaluates(tmp_path):
     result = run_script(
-        "dqn.py", "--total-timesteps", "1000", "--learning-starts", "500", "--save-model", "--eval-episodes", "2",
-        cwd=tmp_path, timeout=300,
+        "dqn.py",
+        "--total-timesteps",
+        "1000",
+        "--learning-starts",
+        "500",
+        "--save-model",
+        "--eval-episodes",
+        "2",
+        cwd=tmp_path,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     assert "finished 1000 steps and 50 updates" in result.stdout
@@ -245,8 +272,18 @@ def test_short_run_logs_every_tag_progress_and_summary_then_saves_and_evaluates(
 
 
 def test_an_evaluation_under_track_reaches_wandb_and_is_named_after_the_models_env(tmp_path):
-    result = run_script("dqn.py", "--total-timesteps", "300", "--learning-starts", "200", "--save-model",
-                        "--eval-episodes", "1", cwd=tmp_path, timeout=300)
+    result = run_script(
+        "dqn.py",
+        "--total-timesteps",
+        "300",
+        "--learning-starts",
+        "200",
+        "--save-model",
+        "--eval-episodes",
+        "1",
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     (model_path,) = glob.glob(str(tmp_path / "runs" / "*" / "dqn.cleanrl_model"))
     assert_tracked_evaluation_logs_under_the_models_env(
@@ -277,8 +314,17 @@ def tracked_run(tmp_path_factory):
     """A short run tracked by wandb (offline) with videos and a progress line at every chance."""
     cwd = tmp_path_factory.mktemp("tracked_run")
     result = run_script(
-        "dqn.py", "--total-timesteps", "300", "--learning-starts", "200", "--track", "--capture-video",
-        "--progress-interval", "0", cwd=cwd, env={"WANDB_DIR": str(cwd)},
+        "dqn.py",
+        "--total-timesteps",
+        "300",
+        "--learning-starts",
+        "200",
+        "--track",
+        "--capture-video",
+        "--progress-interval",
+        "0",
+        cwd=cwd,
+        env={"WANDB_DIR": str(cwd)},
     )
     assert result.returncode == 0, result.stderr
     return cwd, result

@@ -1,23 +1,38 @@
 """Specification of cleanrl/dqn_atari.py."""
 
-import copy
-import gc
 import glob
 import os
 import re
+import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
 from common import (
-    DQN_TAGS, CutOff, assert_corrupt_checkpoint_rejected, assert_evaluation_printed,
+    DQN_TAGS,
+    CutOff,
+    assert_corrupt_checkpoint_rejected,
+    assert_evaluation_printed,
+    assert_evaluation_warns_when_emulator_settings_differ,
+    assert_linear_epsilon_schedule,
+    assert_main_fails_with,
+    assert_progress_follows_the_convention,
+    assert_progress_lines_printed,
+    assert_saved_model_loads_identically,
+    assert_target_update_copies_or_averages,
+    assert_td_target_bootstraps_from_the_target_network,
+    assert_td_target_matches_reference,
     assert_tracked_evaluation_logs_under_the_models_env,
-    assert_evaluation_warns_when_emulator_settings_differ, assert_linear_epsilon_schedule, assert_main_fails_with,
-    assert_progress_follows_the_convention, assert_progress_lines_printed, assert_saved_model_loads_identically,
-    assert_target_update_copies_or_averages, assert_td_target_bootstraps_from_the_target_network,
-    assert_td_target_matches_reference, assert_user_error, assert_videos_show_whole_games_of_env_0,
-    capped_cubic_games, cut_off_at, flushing_writer, read_scalars, recording_make_envs, run_dirs, run_script,
+    assert_user_error,
+    assert_videos_show_whole_games_of_env_0,
+    capped_cubic_games,
+    cut_off_at,
+    flushing_writer,
+    read_scalars,
+    run_dirs,
+    run_script,
 )
 
 import cleanrl.dqn_atari as dqn_atari
@@ -76,8 +91,14 @@ def played() -> Played:
     envs.close()
     arrays = {name: np.stack(values) for name, values in record.items()}
     return Played(
-        rb, arrays["obs"], arrays["next_obs"], arrays["reset_obs"], arrays["game_over"], arrays["life_lost"],
-        arrays["slot"], stream_position + 1,
+        rb,
+        arrays["obs"],
+        arrays["next_obs"],
+        arrays["reset_obs"],
+        arrays["game_over"],
+        arrays["life_lost"],
+        arrays["slot"],
+        stream_position + 1,
     )
 
 
@@ -170,29 +191,33 @@ def test_the_memory_stores_one_uint8_frame_per_env_step():
 def test_stored_steps_are_what_the_env_did_with_life_losses_and_terminations_done_and_time_limits_not(
     tmp_path, monkeypatch
 ):
-    # A real run (random play, a 150-step time limit) against the env's own step results: each
-    # stored step has the clipped reward, done at a life loss or a termination and not at a
-    # truncation, and a game over's next frame is the real last one.
+    # A real run (random play, a 150-step time limit) and the replay memory of its checkpoint, against the
+    # same games replayed with the stored actions: each stored step has the clipped reward, done at a life
+    # loss or a termination and not at a truncation, and a game over's next frame is the real last one.
     monkeypatch.chdir(tmp_path)
-    made = recording_make_envs(dqn_atari, monkeypatch)
-    buffers = []
-
-    class RecordedBuffer(dqn_atari.FrameReplayBuffer):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            buffers.append(self)
-
-    monkeypatch.setattr(dqn_atari, "FrameReplayBuffer", RecordedBuffer)
-    dqn_atari.main(dqn_atari.Args(
-        num_envs=2, total_timesteps=1200, learning_starts=1190, buffer_size=2000, end_e=1.0, max_episode_steps=150,
+    args = dqn_atari.Args(
+        num_envs=2,
+        total_timesteps=1200,
+        learning_starts=1190,
+        buffer_size=2000,
+        end_e=1.0,
+        max_episode_steps=150,
+        checkpoint_every=1200,
         cuda=False,
-    ))
-    (rb,) = buffers
-    lives, slot = np.full(2, 5), np.zeros(2, dtype=np.int64)
+    )
+    dqn_atari.main(args)
+    (run_dir,) = run_dirs(tmp_path)
+    checkpoint = torch.load(os.path.join(run_dir, "checkpoints", "step-000001200.pt"), weights_only=True)
+    rb = dqn_atari.FrameReplayBuffer(args.buffer_size, args.num_envs)
+    rb.load_state_dict(checkpoint["replay_memory"])
+    envs = dqn_atari.make_envs(args.env_id, 2, args.repeat_action_probability, args.max_episode_steps)
+    _, info = envs.reset(seed=args.seed)
+    lives, slot = info["lives"].copy(), np.zeros(2, dtype=np.int64)
     seen = {"life loss": 0, "termination": 0, "truncation": 0}
-    for t, (reward, terminated, truncated, info) in enumerate(made[0].steps):
+    for t in range(600):
+        _, reward, terminated, truncated, info = envs.step(rb.actions[[0, 1], slot].astype(np.int64))
         life_lost = (info["lives"] < lives) & ~(terminated | truncated)
-        lives = info["lives"]
+        lives = info["lives"].copy()
         for e in range(2):
             assert rb.valid[e, slot[e]] and rb.rewards[e, slot[e]] == np.sign(reward[e]), (t, e)
             assert rb.dones[e, slot[e]] == (terminated[e] or life_lost[e]), (t, e)
@@ -203,7 +228,9 @@ def test_stored_steps_are_what_the_env_did_with_life_losses_and_terminations_don
         seen["termination"] += terminated.sum()
         seen["truncation"] += (truncated & ~terminated).sum()
         slot += 1 + (terminated | truncated)
+    envs.close()
     assert min(seen.values()) > 0, seen
+    assert (slot == rb.pos).all(), "every stored step was replayed"
 
 
 def test_td_target_matches_a_plain_reference_with_done_and_truncation_masks():
@@ -215,8 +242,15 @@ def test_the_td_target_bootstraps_from_the_target_network(tmp_path, monkeypatch)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        args = dqn_atari.Args(total_timesteps=440, learning_starts=400, buffer_size=2000, end_e=0.5,
-                              target_network_frequency=10**6, learning_rate=0.01, cuda=False)
+        args = dqn_atari.Args(
+            total_timesteps=440,
+            learning_starts=400,
+            buffer_size=2000,
+            end_e=0.5,
+            target_network_frequency=10**6,
+            learning_rate=0.01,
+            cuda=False,
+        )
         assert_td_target_bootstraps_from_the_target_network(dqn_atari, "FrameReplayBuffer", args, monkeypatch)
     finally:
         torch.set_num_threads(threads)
@@ -273,8 +307,16 @@ def test_save_then_evaluate_round_trip(tmp_path):
     )
     assert_evaluation_printed(evaluation, 2)
     assert_tracked_evaluation_logs_under_the_models_env(
-        "dqn_atari.py", model_path, "BreakoutNoFrameskip-v4", "PongNoFrameskip-v4", tmp_path / "evaluation",
-        "--eval-episodes", "1", "--max-episode-steps", "300", env=ONE_THREAD,
+        "dqn_atari.py",
+        model_path,
+        "BreakoutNoFrameskip-v4",
+        "PongNoFrameskip-v4",
+        tmp_path / "evaluation",
+        "--eval-episodes",
+        "1",
+        "--max-episode-steps",
+        "300",
+        env=ONE_THREAD,
     )
 
 
@@ -307,8 +349,20 @@ def tracked_run(tmp_path_factory):
     """A short run tracked by wandb (offline) with videos and a progress line at every chance."""
     cwd = tmp_path_factory.mktemp("tracked_run")
     result = run_script(
-        "dqn_atari.py", "--total-timesteps", "300", "--learning-starts", "290", "--buffer-size", "1000",
-        "--max-episode-steps", "100", "--track", "--capture-video", "--progress-interval", "0", cwd=cwd,
+        "dqn_atari.py",
+        "--total-timesteps",
+        "300",
+        "--learning-starts",
+        "290",
+        "--buffer-size",
+        "1000",
+        "--max-episode-steps",
+        "100",
+        "--track",
+        "--capture-video",
+        "--progress-interval",
+        "0",
+        cwd=cwd,
         env={**ONE_THREAD, "WANDB_DIR": str(cwd)},
     )
     assert result.returncode == 0, result.stderr
@@ -375,7 +429,7 @@ def test_the_memory_survives_a_checkpoint_and_a_resumed_run_starts_new_games_in_
     torch.save(played.rb.state_dict(), path)
     loaded = dqn_atari.FrameReplayBuffer(NUM_ENVS * SLOTS_PER_ENV, NUM_ENVS)
     loaded.load_state_dict(torch.load(path, weights_only=True, mmap=True))
-    for name in (*dqn_atari.FrameReplayBuffer.SLOT_ARRAYS, "pos", "used", "steps_added"):
+    for name in (*dqn_atari.FrameReplayBuffer.SLOT_ARRAYS, "pos", "used"):
         np.testing.assert_array_equal(getattr(loaded, name), getattr(played.rb, name))
     batch, again = (rb.sample(64, np.random.default_rng(3), "cpu") for rb in (played.rb, loaded))
     for name in batch:
@@ -385,14 +439,16 @@ def test_the_memory_survives_a_checkpoint_and_a_resumed_run_starts_new_games_in_
     valid_before, last = loaded.valid.copy(), loaded.pos.copy()
     new_game = np.zeros((NUM_ENVS, 4, 84, 84), dtype=np.uint8)
     new_game[:, -1] = 7
-    loaded.restart(new_game)
+    loaded.start(new_game, resumed=True)
     assert (loaded.pos == (last + 1) % loaded.slots).all()
     envs = np.arange(NUM_ENVS)
     assert loaded.first[envs, loaded.pos].all() and (loaded.frames[envs, loaded.pos] == 7).all()
     assert not loaded.valid[envs, last].any(), "the last observation before the checkpoint has no step"
     # only the stacks that reached into the overwritten slot are lost
     assert 0 <= valid_before.sum() - loaded.valid.sum() <= NUM_ENVS * 4
-    loaded.add(np.zeros(NUM_ENVS), np.zeros(NUM_ENVS), np.zeros(NUM_ENVS, bool), new_game, None, np.zeros(NUM_ENVS, bool))
+    loaded.add(
+        np.zeros(NUM_ENVS), np.zeros(NUM_ENVS), np.zeros(NUM_ENVS, bool), new_game, None, np.zeros(NUM_ENVS, bool)
+    )
     step = loaded.gather(envs, (loaded.pos - 1) % loaded.slots)
     np.testing.assert_array_equal(step["obs"], new_game), "the new game's stack is zero-padded, not the old game's"
 
@@ -410,92 +466,128 @@ def test_a_checkpoint_of_a_partly_written_memory_holds_only_the_written_slots(tm
     assert rb.used == 11 and os.path.getsize(path) < 2 * 20 * 84 * 84
     loaded = dqn_atari.FrameReplayBuffer(2 * 2000, 2)
     loaded.load_state_dict(torch.load(path, weights_only=True, mmap=True))
-    for name in (*dqn_atari.FrameReplayBuffer.SLOT_ARRAYS, "pos", "used", "steps_added"):
+    for name in (*dqn_atari.FrameReplayBuffer.SLOT_ARRAYS, "pos", "used"):
         np.testing.assert_array_equal(getattr(loaded, name), getattr(rb, name))
 
 
+def mappings_once_removed(path: str) -> tuple[list, threading.Thread]:
+    """Watches from a thread for `path` to be removed, then lists this process's mappings of it (a
+    memory-mapped file that is still mapped keeps its disk space)."""
+    found = []
+
+    def watch():
+        while os.path.exists(path):
+            time.sleep(0.005)
+        with open("/proc/self/maps") as maps:
+            found.extend(line for line in maps if os.path.basename(path) in line)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return found, thread
+
+
 def test_a_resumed_run_goes_on_in_its_directory_with_each_step_logged_once(tmp_path, monkeypatch, capsys):
-    # 800 steps, updates from step 200 every 4 steps, a checkpoint every 400; the first attempt is
-    # cut off at step 500, after its checkpoint at 400 and 100 steps logged past it.
+    # 800 steps, updates from step 200 every 4 steps, a checkpoint every 400. The first attempt is cut off at
+    # step 500 (the machine went away; only the newest checkpoint is kept, so a finished run has no middle
+    # one), after its checkpoint at 400 and with the 100 steps past it logged and on disk.
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(dqn_atari, "SummaryWriter", flushing_writer(dqn_atari))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-
-    # What the first attempt saved at 400 (copies), and what the resumed one made of it.
-    save, restore, saved, mapped_after_removal = dqn_atari.save_checkpoint, dqn_atari.restore_checkpoint, {}, []
-
-    def save_and_keep_a_copy(folder, global_step, num_updates, q_network, target_network, optimizer, rb, rng,
-                             recent_returns, *rest):
-        path = save(folder, global_step, num_updates, q_network, target_network, optimizer, rb, rng, recent_returns,
-                    *rest)
-        if global_step == 400:
-            saved.update(q_network=copy.deepcopy(q_network.state_dict()), optimizer=copy.deepcopy(optimizer.state_dict()),
-                         rng=copy.deepcopy(rng.bit_generator.state), recent_returns=list(recent_returns))
-        else:  # the resumed attempt has just removed the checkpoint it was resumed from
-            gc.collect()
-            with open("/proc/self/maps") as maps:
-                mapped_after_removal.extend(line for line in maps if "step-000000400.pt" in line)
-        return path
-
-    def restore_and_compare(checkpoint, q_network, target_network, optimizer, rb, rng, recent_returns):
-        steps = restore(checkpoint, q_network, target_network, optimizer, rb, rng, recent_returns)
-        if checkpoint["global_step"] != 400:
-            return steps
-        for name, value in saved["q_network"].items():
-            torch.testing.assert_close(q_network.state_dict()[name], value)
-        restored_adam = optimizer.state_dict()
-        for index, state in saved["optimizer"]["state"].items():
-            for name, value in state.items():
-                torch.testing.assert_close(restored_adam["state"][index][name], value)
-        assert rng.bit_generator.state == saved["rng"] and list(recent_returns) == saved["recent_returns"]
-        return steps
-
-    monkeypatch.setattr(dqn_atari, "save_checkpoint", save_and_keep_a_copy)
-    monkeypatch.setattr(dqn_atari, "restore_checkpoint", restore_and_compare)
     args = dict(total_timesteps=800, learning_starts=200, buffer_size=2000, end_e=0.5, checkpoint_every=400, cuda=False)
     try:
         uncut = cut_off_at(dqn_atari, monkeypatch, 500)
         with pytest.raises(CutOff):
             dqn_atari.main(dqn_atari.Args(**args))
         uncut()
-        assert saved["optimizer"]["state"], "the checkpoint at 400 holds Adam's moments (50 updates)"
         (run_dir,) = run_dirs(tmp_path)
+        checkpoints = os.path.join(run_dir, "checkpoints")
+        assert sorted(os.listdir(checkpoints)) == ["lock", "step-000000400.pt"]
+        resumed_from = os.path.join(checkpoints, "step-000000400.pt")
+        saved = torch.load(resumed_from, weights_only=True)
+        assert saved["num_updates"] == 50 and saved["optimizer"]["state"], "Adam's moments of 50 updates"
+        capsys.readouterr()
+
         # a process that is still running the run keeps a second one from resuming it
-        lock = dqn_atari.lock_run(os.path.join(run_dir, "checkpoints"))
+        lock = dqn_atari.lock_run(checkpoints)
         assert_main_fails_with(dqn_atari.main, dqn_atari.Args(**args, resume="auto"), "checkpoints is in use")
         lock.close()
-        dqn_atari.main(dqn_atari.Args(**args, resume="auto"))
-        output = capsys.readouterr().out
-        assert mapped_after_removal == [], "the removed checkpoint's disk space is held by the resumed run"
+        # The resumed run writes a checkpoint every 100 steps (how a run is saved may change): the one it was
+        # resumed from is removed at 500, and the run, which copied everything out of it, maps none of it.
+        mapped, watcher = mappings_once_removed(resumed_from)
+        resumed = dict(args, checkpoint_every=100, capture_video=True, progress_interval=0.0)
+        dqn_atari.main(dqn_atari.Args(**resumed, resume="auto"))
+        output, progress = capsys.readouterr()
+        watcher.join(timeout=10)
+        assert not watcher.is_alive() and mapped == [], "the removed checkpoint's disk space is held by the run"
         assert "has changed since the checkpoint" not in output
-        assert re.search(r"resumed \S+ at step 400 \(50 updates\) from runs/\S+/checkpoints/step-000000400\.pt", output)
+        assert re.search(r"resuming \S+ at step 400 from runs/\S+/checkpoints/step-000000400\.pt", output), output
         assert "finished 800 steps and 150 updates" in output
 
-        (run_dir,) = run_dirs(tmp_path)
+        assert run_dirs(tmp_path) == [run_dir], "the resumed run goes on in its own directory"
         scalars = read_scalars(run_dir)
         for tag in ("charts/SPS", "charts/epsilon"):
             assert [step for step, _ in scalars[tag]] == list(range(100, 801, 100)), tag
         assert [step for step, _ in scalars["losses/td_loss"]] == list(range(300, 801, 100))
         epsilon_schedule = [dqn_atari.linear_schedule(1.0, 0.5, 80, step - 1) for step in range(100, 801, 100)]
         np.testing.assert_allclose([value for _, value in scalars["charts/epsilon"]], epsilon_schedule)
-        game_steps = [step for step, _ in scalars["charts/episodic_return"]]
+        games = scalars["charts/episodic_return"]
+        game_steps = [step for step, _ in games]
         assert game_steps == sorted(set(game_steps)), "every game once, none from the cut-off attempt past 400"
-        assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["lock", "step-000000800.pt"], \
-            "only the newest checkpoint is kept"
+        assert sorted(os.listdir(checkpoints)) == ["lock", "step-000000800.pt"], "only the newest checkpoint is kept"
+        # the recent returns go on from the checkpoint's: the resumed run's first progress line counts them
+        recent = (saved["recent_returns"] + [r for step, r in games if 400 < step <= 500])[-20:]
+        first_line = next(line for line in progress.splitlines() if line.startswith("500/800 steps"))
+        assert f"return (last {len(recent)}) {np.mean(recent):.2f}" in first_line, first_line
+        # videos go on in the run's folder, numbered on from the games env 0 finished before the checkpoint
+        assert saved["env0_games"] == len([step for step in game_steps if step <= 400]) > 0
+        assert os.listdir("videos") == [os.path.basename(run_dir)]
+        numbers = [
+            int(name[len("game-") : -len(".mp4")])
+            for name in os.listdir(os.path.join("videos", os.path.basename(run_dir)))
+        ]
+        assert all(dqn_atari.capped_cubic(number) for number in numbers), numbers
+        assert min(numbers) == saved["env0_games"], "the resumed run's first game (recorded) is numbered on"
+        # Adam went on counting from the checkpoint's updates, not from zero
+        last_path = os.path.join(checkpoints, "step-000000800.pt")
+        last = torch.load(last_path, weights_only=True)
+        assert all(int(state["step"]) == 150 for state in last["optimizer"]["state"].values())
 
-        # resumed from its last checkpoint, the run ends at once; a script changed since is named
-        monkeypatch.setattr(dqn_atari, "script_digest", lambda: "another version of the file")
-        dqn_atari.main(dqn_atari.Args(**args, resume="auto"))
+        # Resumed from its last checkpoint, the run has nothing left to learn: the model it saves is the
+        # checkpoint's, bit for bit; a script changed since the checkpoint is named.
+        torch.save({**last, "script_sha256": "another version of the file"}, last_path)
+        dqn_atari.main(dqn_atari.Args(**args, resume="auto", save_model=True, eval_episodes=1))
         output = capsys.readouterr().out
         assert "finished 800 steps and 150 updates" in output
-        assert "warning: dqn_atari.py has changed since the checkpoint was written" in output
+        assert "warning: dqn_atari.py has changed since the checkpoint" in output
+        model = torch.load(os.path.join(run_dir, "dqn_atari.cleanrl_model"), weights_only=True)["model"]
+        for name, value in last["model"].items():
+            assert torch.equal(model[name], value), name
 
         # a checkpoint continues only the run it was written by
-        checkpoint = os.path.join(run_dir, "checkpoints", "step-000000800.pt")
-        assert_main_fails_with(dqn_atari.main, dqn_atari.Args(**{**args, "learning_rate": 3e-4}, resume=checkpoint),
-                               "the checkpoint's run has learning_rate=0.0001, this command 0.0003")
-        assert_main_fails_with(dqn_atari.main, dqn_atari.Args(**args, resume="nothing.pt"),
-                               "--resume 'nothing.pt': no such checkpoint file")
+        assert_main_fails_with(
+            dqn_atari.main,
+            dqn_atari.Args(**{**args, "learning_rate": 3e-4}, resume=last_path),
+            "the checkpoint's run has learning_rate=0.0001, this command 0.0003",
+        )
+        missing = dqn_atari.Args(**args, resume="nothing.pt")
+        assert_main_fails_with(dqn_atari.main, missing, "--resume 'nothing.pt': no such checkpoint file")
+        (tmp_path / "corrupt.pt").write_bytes(b"not a checkpoint")
+        assert_main_fails_with(dqn_atari.main, dqn_atari.Args(**args, resume="corrupt.pt"), "not a readable")
+
+        # The resumed run draws from the checkpoint's random state (exploration, sampling): resumed from a copy
+        # of the checkpoint at 400 that holds another, its first 50 steps explore otherwise.
+        (tmp_path / "other").mkdir()
+        monkeypatch.chdir(tmp_path / "other")
+        torch.save({**saved, "numpy_rng": np.random.default_rng(12345).bit_generator.state}, "other_rng.pt")
+        uncut = cut_off_at(dqn_atari, monkeypatch, 500)
+        with pytest.raises(CutOff):
+            dqn_atari.main(dqn_atari.Args(**dict(args, checkpoint_every=50), resume="other_rng.pt"))
+        uncut()
+        (other_rng,) = glob.glob("runs/*/checkpoints/step-000000450.pt")
+        first = int(saved["replay_memory"]["pos"][0]) + 1  # the slot of the resumed run's first step
+        resumed_actions = last["replay_memory"]["actions"][0][first : first + 50]
+        other_actions = torch.load(other_rng, weights_only=True)["replay_memory"]["actions"][0][first : first + 50]
+        assert not torch.equal(resumed_actions, other_actions)
     finally:
         torch.set_num_threads(threads)

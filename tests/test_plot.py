@@ -317,3 +317,34 @@ def test_throughput_command_writes_the_png(tmp_path):
 def test_a_throughput_file_of_another_layout_is_a_one_line_error(tmp_path):
     (tmp_path / "other.json").write_text(json.dumps({"rows": [{"script": "x"}]}))
     assert_user_error(run_tool("plot.py", "throughput", "other.json", cwd=tmp_path), "is not a")
+
+
+def test_a_published_result_is_a_dashed_line_on_every_panel(tmp_path):
+    write_study(tmp_path)
+    figure = plot.plot_returns(plot.read_runs(str(tmp_path)), "steps", window=100, references=[("published", 12.5)])
+    for ax in figure.axes:
+        (reference,) = [line for line in ax.get_lines() if line.get_label() == "published"]
+        assert list(reference.get_ydata()) == [12.5, 12.5] and reference.get_linestyle() == "--"
+
+
+def test_the_milestones_table_gives_each_runs_last_100_mean_at_every_mark(tmp_path):
+    # 150 games at steps 100, 200, ..., 15000: the first 50 score -1000, the last 100 score v.
+    write_study(tmp_path / "runs", env_ids=["BreakoutNoFrameskip-v4"])
+    result = run_tool("plot.py", "learning", "--runs-dir", "runs", "--out-dir", "out", "--every", "5000",
+                      "--reference", "CleanRL, 10M steps=414.66", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = (tmp_path / "out" / "results.md").read_text().splitlines()
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+    marks = {(row[1], int(row[2]), row[3]): row[4:] for row in rows if len(row) == 6 and row[2].isdigit()}
+    for script in SCRIPTS:
+        for seed in SEEDS:
+            v = last_100_value(script, "BreakoutNoFrameskip-v4", seed)
+            assert marks[script, seed, "5,000"] == ["-1000.00", "50"]
+            assert marks[script, seed, "10,000"] == [f"{(v - 1000) / 2:.2f}", "100"]
+            assert marks[script, seed, "15,000"] == [f"{v:.2f}", "150"]
+
+
+def test_a_malformed_reference_is_a_one_line_error(tmp_path):
+    write_study(tmp_path / "runs", env_ids=["BreakoutNoFrameskip-v4"])
+    result = run_tool("plot.py", "learning", "--runs-dir", "runs", "--reference", "CleanRL 414", cwd=tmp_path)
+    assert_user_error(result, "expected LABEL=RETURN")

@@ -158,11 +158,12 @@ def test_a_truncated_step_returns_the_real_last_observation_and_the_next_step_a_
 # --- Episode statistics -----------------------------------------------------------------------
 def test_episode_statistics_reset_the_score_at_game_over_or_time_limit_and_report_envpools_length():
     stats = ppo_envpool.EpisodeStatistics(2)
-    assert stats.step(np.array([1.0, 4.0]), np.array([False, False]), np.array([1, 1])) == []
+    info = lambda rewards, elapsed_steps: {"reward": np.array(rewards), "elapsed_step": np.array(elapsed_steps)}
+    assert stats.step(info([1.0, 4.0], [1, 1]), np.array([False, False])) == []
     # env 0 truncated by the time limit: its score is not carried into its next game.
-    assert stats.step(np.array([2.0, 0.0]), np.array([True, False]), np.array([2, 2])) == [(0, 3.0, 2)]
-    assert stats.step(np.array([0.0, 0.0]), np.array([False, False]), np.array([0, 3])) == []
-    assert stats.step(np.array([5.0, 1.0]), np.array([True, True]), np.array([1, 4])) == [(0, 5.0, 1), (1, 5.0, 4)]
+    assert stats.step(info([2.0, 0.0], [2, 2]), np.array([True, False])) == [(0, 3.0, 2)]
+    assert stats.step(info([0.0, 0.0], [0, 3]), np.array([False, False])) == []
+    assert stats.step(info([5.0, 1.0], [1, 4]), np.array([True, True])) == [(0, 5.0, 1), (1, 5.0, 4)]
 
 
 def test_episode_statistics_are_each_games_own_score_and_length_including_truncated_games():
@@ -182,7 +183,7 @@ def test_episode_statistics_are_each_games_own_score_and_length_including_trunca
         _, _, terminated, truncated, info = envs.step(rng.integers(0, 4, size=num_envs))
         game_over = info["terminated"].astype(bool) | truncated
         played += ~reset_step
-        for i, episodic_return, episodic_length in stats.step(info["reward"], game_over, info["elapsed_step"]):
+        for i, episodic_return, episodic_length in stats.step(info, game_over):
             # A score carried over from a truncated game would exceed the RAM score of the next one.
             assert episodic_return == breakout_score(info["ram"][i]), f"env {i}"
             assert episodic_length == played[i], f"env {i}"
