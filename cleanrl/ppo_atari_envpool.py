@@ -638,7 +638,7 @@ def evaluate(agent: nn.Module, env_id: str, eval_episodes: int, device, args: Ar
     while any(len(r) < q for r, q in zip(returns, quota)):
         with torch.inference_mode(), autocast:  # this script
             action = agent.get_action_and_value(torch.from_numpy(obs).to(device))[0].cpu().numpy()  # this script
-        obs, _, terminated, truncated, info = envs.step(action)  # this script
+        obs, reward, terminated, truncated, info = envs.step(action)
         if video is not None:
             video.step(action[0])
         game_over = info["terminated"].astype(bool) | truncated  # this script
