@@ -866,14 +866,14 @@ class ReplayVideoRecorder:
             raise self.error
 
 
-def save_model(path: str, agent: Agent, args: Args):
+def save_model(path: str, agent: nn.Module, args: Args):
     # Written to a temporary file and renamed, so a crash never leaves a truncated file.
     model = {"params": agent.variables, "num_actions": agent.num_actions}  # this script
     write_msgpack({**model, "args": vars(args)}, path + ".tmp")  # this script
     os.replace(path + ".tmp", path)
 
 
-def load_model(path: str, device) -> tuple[Agent, dict]:
+def load_model(path: str, device) -> tuple[nn.Module, dict]:
     if not os.path.isfile(path):
         fail(f"checkpoint {path!r} does not exist")
     try:

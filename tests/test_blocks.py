@@ -15,10 +15,10 @@ MARK = "# this script"
 # Which scripts carry which block: the families, then the blocks each family shares. A script that
 # gains a block joins its family's list.
 JAX = "ppo_atari_envpool_xla_jax_scan.py"
-ATARI_PPO = ["ppo_atari.py"]  # torch PPO on Atari
+ATARI_PPO = ["ppo_atari.py", "ppo_atari_envpool.py"]  # torch PPO on Atari
 ATARI_TORCH = [*ATARI_PPO, "dqn_atari.py"]  # videos of env 0's games step by step, evaluation
 ATARI = [*ATARI_TORCH, JAX]  # saved models, the evaluation's report
-WITH_CHECKPOINTS = ["ppo_atari.py", "dqn_atari.py", JAX]
+WITH_CHECKPOINTS = [*ATARI_TORCH, JAX]
 # gymnasium's RecordVideo records their videos; finish_logging hands the files to wandb.
 SMALL_SCRIPTS = ["ppo.py", "ppo_continuous_action.py", "sac_continuous_action.py"]
 ALL = [*ATARI, "dqn.py", *SMALL_SCRIPTS]
@@ -38,7 +38,7 @@ BLOCKS = {
     "script_digest": WITH_CHECKPOINTS,
     "RESUMABLE_CHANGES": WITH_CHECKPOINTS,
     "save_checkpoint": WITH_CHECKPOINTS,
-    "load_checkpoint": ATARI_TORCH,  # JAX too, once the template's `try:` line is no longer about torch.load
+    "load_checkpoint": WITH_CHECKPOINTS,
 }
 
 

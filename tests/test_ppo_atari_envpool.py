@@ -5,14 +5,25 @@ import glob
 import numpy as np
 import pytest
 import torch
+from checkpoints import assert_run_resumes_where_its_checkpoint_left_it
 from common import (
-    assert_corrupt_checkpoint_rejected, assert_evaluation_printed,
-    assert_evaluation_warns_when_emulator_settings_differ, assert_gae_matches_reference,
-    assert_ppo_loss_matches_reference, assert_ppo_run_resumes_where_its_checkpoint_left_it,
-    assert_progress_follows_the_convention, assert_progress_line_per_iteration, assert_saved_model_loads_identically,
-    assert_short_atari_run_logged, assert_user_error, assert_videos_show_whole_games_of_env_0,
-    assert_warns_when_bf16_is_slow, capped_cubic_games, read_scalars, recording_make_envs, run_dirs, run_script,
-    watch_torch_checkpoint,
+    assert_corrupt_checkpoint_rejected,
+    assert_evaluation_printed,
+    assert_evaluation_warns_when_emulator_settings_differ,
+    assert_gae_matches_reference,
+    assert_ppo_loss_matches_reference,
+    assert_progress_follows_the_convention,
+    assert_progress_line_per_iteration,
+    assert_saved_model_loads_identically,
+    assert_short_atari_run_logged,
+    assert_user_error,
+    assert_videos_show_whole_games_of_env_0,
+    assert_warns_when_bf16_is_slow,
+    capped_cubic_games,
+    read_scalars,
+    recording_make_envs,
+    run_dirs,
+    run_script,
 )
 
 import cleanrl.ppo_atari_envpool as ppo_envpool
@@ -60,6 +71,12 @@ def test_minibatches_hold_every_played_step_once_and_no_reset_step():
     assert sorted(indices.tolist()) == torch.nonzero(played.reshape(-1)).flatten().tolist()
 
 
+def test_fewer_played_steps_than_minibatches_give_fewer_minibatches_none_empty():
+    # Tiny settings (1 env, 2 steps, 4 minibatches, --no-norm-adv) can leave 1 played step: no empty minibatch.
+    played = torch.tensor([[False], [True]])
+    assert [m.tolist() for m in ppo_envpool.played_minibatches(played, 4)] == [[1]]
+
+
 def test_a_minibatch_left_with_one_played_step_gives_a_finite_loss():
     # Reset steps leave the update, so tiny settings can leave one sample in a minibatch: advantage
     # normalization must not divide by a NaN standard deviation.
@@ -90,7 +107,7 @@ def test_non_atari_or_unknown_ids_are_rejected(env_id):
 def test_the_step_after_an_episode_ends_is_a_reset_step_that_ignores_the_action():
     # Without no-op starts and sticky actions two environments play the same game whatever their
     # seed, so different actions at the reset steps only would show if those actions were played.
-    envs = ppo_envpool.make_envs("Breakout-v5", 2, 0.0, seed=1, noop_max=1)
+    envs = ppo_envpool.make_envs("Breakout-v5", 2, 0.0, 1, 27_000, noop_max=1)
     obs, _ = envs.reset()
     rng = np.random.default_rng(0)
     reset_step, reset_steps = False, 0
@@ -107,7 +124,7 @@ def test_the_step_after_an_episode_ends_is_a_reset_step_that_ignores_the_action(
 
 
 def test_episodic_life_terminates_at_each_lost_life_and_the_game_goes_on():
-    envs = ppo_envpool.make_envs("Breakout-v5", 1, 0.0, seed=1)
+    envs = ppo_envpool.make_envs("Breakout-v5", 1, 0.0, 1, 27_000)
     envs.reset()
     lives_at_terminations, game_over_flags = [], []
     for _ in range(1000):  # NOOPs only: the ball is launched by envpool's FIRE after each lost life
@@ -123,7 +140,7 @@ def test_episodic_life_terminates_at_each_lost_life_and_the_game_goes_on():
 
 
 def test_a_truncated_step_returns_the_real_last_observation_and_the_next_step_a_new_game():
-    envs = ppo_envpool.make_envs("Breakout-v5", 1, 0.0, seed=1, max_episode_steps=20)
+    envs = ppo_envpool.make_envs("Breakout-v5", 1, 0.0, 1, 20)
     previous_obs, _ = envs.reset()
     for _ in range(20):
         obs, _, terminated, truncated, info = envs.step(np.array([2]))
@@ -139,35 +156,37 @@ def test_a_truncated_step_returns_the_real_last_observation_and_the_next_step_a_
 
 
 # --- Episode statistics -----------------------------------------------------------------------
-def test_episode_statistics_count_played_steps_and_reset_at_game_over_or_time_limit():
+def test_episode_statistics_reset_the_score_at_game_over_or_time_limit_and_report_envpools_length():
     stats = ppo_envpool.EpisodeStatistics(2)
-    played = np.array([True, True])
-    assert stats.step(np.array([1.0, 4.0]), np.array([False, False]), played) == []
+    info = lambda rewards, elapsed_steps: {"reward": np.array(rewards), "elapsed_step": np.array(elapsed_steps)}
+    assert stats.step(info([1.0, 4.0], [1, 1]), np.array([False, False])) == []
     # env 0 truncated by the time limit: its score is not carried into its next game.
-    assert stats.step(np.array([2.0, 0.0]), np.array([True, False]), played) == [(0, 3.0, 2)]
-    # A reset step (action ignored) is not a played step.
-    assert stats.step(np.array([0.0, 0.0]), np.array([False, False]), np.array([False, True])) == []
-    assert stats.step(np.array([5.0, 1.0]), np.array([True, True]), played) == [(0, 5.0, 1), (1, 5.0, 4)]
+    assert stats.step(info([2.0, 0.0], [2, 2]), np.array([True, False])) == [(0, 3.0, 2)]
+    assert stats.step(info([0.0, 0.0], [0, 3]), np.array([False, False])) == []
+    assert stats.step(info([5.0, 1.0], [1, 4]), np.array([True, True])) == [(0, 5.0, 1), (1, 5.0, 4)]
 
 
 def test_episode_statistics_are_each_games_own_score_and_length_including_truncated_games():
-    # The loop of the script, on random actions, with a time limit that cuts some games; each
-    # finished game is checked against the score in the game's RAM and envpool's own step counter.
+    # The loop of the script, on random actions, with a time limit that cuts some games; each finished
+    # game is checked against the score in the game's RAM and the number of steps whose action was
+    # played in it (counted here: the reset steps after its lost lives are not).
     num_envs, time_limit = 4, 160
-    envs = ppo_envpool.make_envs("Breakout-v5", num_envs, 0.0, seed=3, max_episode_steps=time_limit)
+    envs = ppo_envpool.make_envs("Breakout-v5", num_envs, 0.0, 3, time_limit)
     stats = ppo_envpool.EpisodeStatistics(num_envs)
     envs.reset()
     rng = np.random.default_rng(0)
     reset_step = np.zeros(num_envs, dtype=bool)
+    played = np.zeros(num_envs, dtype=np.int64)
     after_scored_truncation = np.zeros(num_envs, dtype=bool)
     counts = {"game over": 0, "truncated": 0, "after a scored truncation": 0}
     for _ in range(3000):
         _, _, terminated, truncated, info = envs.step(rng.integers(0, 4, size=num_envs))
         game_over = info["terminated"].astype(bool) | truncated
-        for i, episodic_return, episodic_length in stats.step(info["reward"], game_over, ~reset_step):
+        played += ~reset_step
+        for i, episodic_return, episodic_length in stats.step(info, game_over):
             # A score carried over from a truncated game would exceed the RAM score of the next one.
             assert episodic_return == breakout_score(info["ram"][i]), f"env {i}"
-            assert episodic_length == info["elapsed_step"][i], f"env {i}"
+            assert episodic_length == played[i], f"env {i}"
             if truncated[i]:
                 assert episodic_length == time_limit and info["lives"][i] > 0
             else:
@@ -175,6 +194,7 @@ def test_episode_statistics_are_each_games_own_score_and_length_including_trunca
             counts["truncated" if truncated[i] else "game over"] += 1
             counts["after a scored truncation"] += after_scored_truncation[i]
             after_scored_truncation[i] = truncated[i] and episodic_return > 0
+        played[game_over] = 0
         reset_step = terminated | truncated
         if min(counts.values()) >= 3:
             break
@@ -248,7 +268,7 @@ def test_loaded_model_equals_saved_model(tmp_path):
 def test_evaluation_plays_the_requested_number_of_whole_games(monkeypatch):
     made = recording_make_envs(ppo_envpool, monkeypatch)
     agent = ppo_envpool.Agent(4)
-    returns = ppo_envpool.evaluate(agent, "Breakout-v5", 3, torch.device("cpu"), seed=1)
+    returns = ppo_envpool.evaluate(agent, "Breakout-v5", 3, torch.device("cpu"), ppo_envpool.Args(), seed=1)
     assert len(returns) == 3 and all(r >= 0 and r == int(r) for r in returns)
     # Each of the 3 envs played one game to its real end: 5 lives lost (episodic life ends an
     # episode at each), no time limit, and the returns are those games' whole unclipped scores.
@@ -308,7 +328,5 @@ def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):
 
 
 def test_a_resumed_run_restores_its_state_and_goes_on_in_its_directory(tmp_path, monkeypatch, capsys):
-    restored = watch_torch_checkpoint(ppo_envpool, monkeypatch, iteration=2)
     args = dict(num_envs=2, num_steps=128, cuda=False)
-    assert_ppo_run_resumes_where_its_checkpoint_left_it(ppo_envpool, tmp_path, monkeypatch, capsys, args)
-    assert restored == [(2, 512)]
+    assert_run_resumes_where_its_checkpoint_left_it(ppo_envpool, tmp_path, monkeypatch, capsys, args)
