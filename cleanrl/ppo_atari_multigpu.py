@@ -270,18 +270,8 @@ class VideoRecorder:
     memory. `close()` finishes the last file; under --track each finished file goes to wandb.
     """
 
-    def __init__(
-        self,
-        folder,
-        env_id,
-        seed,
-        repeat_action_probability,
-        max_episode_steps,
-        schedule=capped_cubic,
-        first_game: int = 0,
-        track: bool = False,
-        fps: int = 30,
-    ):
+    def __init__(self, folder, env_id, seed, repeat_action_probability, max_episode_steps, schedule=capped_cubic,
+                 first_game: int = 0, track: bool = False, fps: int = 30):
         import imageio_ffmpeg  # imported here: only video runs pay for it
 
         os.makedirs(folder, exist_ok=True)
@@ -614,16 +604,8 @@ def set_rng_state(state: dict, device):
 
 
 def save_checkpoint(
-    folder: str,
-    agent: Agent,
-    optimizer,
-    iteration: int,
-    global_step: int,
-    rng_states: list,
-    env0_games: int,
-    args: Args,
-    run_name: str,
-    env_split: list[int] | None = None,
+    folder: str, agent: Agent, optimizer, iteration: int, global_step: int, rng_states: list, env0_games: int,
+    args: Args, run_name: str, env_split: list[int] | None = None,
 ) -> str:
     """Everything a resumed run needs. Written to a temporary file, synced and renamed, so a crash
     leaves either the previous checkpoint or this one, never a truncated file. The newest two are kept."""
@@ -713,12 +695,7 @@ def evaluate(
     stats = EpisodeStatistics(num_envs)
     if video_folder is not None:  # every evaluation game of env 0
         video = VideoRecorder(
-            video_folder,
-            env_id,
-            seed,
-            repeat_action_probability,
-            max_episode_steps,
-            schedule=lambda game: game < quota[0],
+            video_folder, env_id, seed, repeat_action_probability, max_episode_steps, schedule=lambda game: game < quota[0]
         )
     returns = [[] for _ in range(num_envs)]
     obs, _ = envs.reset(seed=seed)
@@ -746,24 +723,14 @@ def run_evaluation(args: Args, device, writer: SummaryWriter | None, run_name: s
         # The games are played under this command's emulator settings, not necessarily the training run's
         for name in ("repeat_action_probability", "max_episode_steps"):
             if name in saved_args and saved_args[name] != getattr(args, name):
-                print(
-                    f"warning: evaluating with --{name.replace('_', '-')} {getattr(args, name)}; "
-                    f"the model was trained with {saved_args[name]}",
-                    file=sys.stderr,
-                )
+                print(f"warning: evaluating with --{name.replace('_', '-')} {getattr(args, name)}; "
+                      f"the model was trained with {saved_args[name]}", file=sys.stderr)
     else:
         env_id = args.env_id
     video_folder = f"videos/{run_name}-eval" if args.capture_video else None
     returns = evaluate(
-        agent,
-        env_id,
-        args.eval_episodes,
-        device,
-        args.seed,
-        args.repeat_action_probability,
-        args.max_episode_steps,
-        video_folder,
-        args.mixed_precision,
+        agent, env_id, args.eval_episodes, device, args.seed, args.repeat_action_probability, args.max_episode_steps,
+        video_folder, args.mixed_precision,
     )
     for i, episodic_return in enumerate(returns):
         print(f"eval_episode={i}, episodic_return={episodic_return}")
@@ -907,12 +874,7 @@ def in_words(world_sizes: list[int]) -> str:
 # What a resumed run's command must share with its checkpoint: the game, its seeds and emulator
 # settings, and the batch's layout in time. The other arguments come from the command line.
 RESUME_MUST_MATCH = (
-    "env_id",
-    "seed",
-    "repeat_action_probability",
-    "max_episode_steps",
-    "num_steps",
-    "num_minibatches",
+    "env_id", "seed", "repeat_action_probability", "max_episode_steps", "num_steps", "num_minibatches",
     "total_timesteps",
 )
 
@@ -1024,10 +986,8 @@ def first_split(args: Args, checkpoint: dict | None, rank: int) -> list[int]:
         split = even_split(args.num_envs, args.world_size, split_granularity(args.num_steps, args.num_minibatches))
     if checkpoint is None:
         return split
-    saved_split = checkpoint.get(
-        "env_split",
-        [checkpoint["args"]["num_envs"] // checkpoint["args"]["world_size"]] * checkpoint["args"]["world_size"],
-    )
+    saved_split = checkpoint.get("env_split", [checkpoint["args"]["num_envs"] // checkpoint["args"]["world_size"]] *
+                                 checkpoint["args"]["world_size"])
     if args.env_split == "measured" and len(saved_split) == args.world_size:
         split = saved_split
     if rank == 0 and (split != saved_split or checkpoint["requested_num_envs"] != args.num_envs):
@@ -1110,11 +1070,8 @@ def warn_if_bf16_is_slow(mixed_precision: str, device: torch.device):
     except (AttributeError, RuntimeError):  # a torch without it: no warning rather than a crash
         return
     if not has_bf16_kernels:
-        print(
-            "warning: this CPU has no fast bf16 (oneDNN needs AVX-512): --mixed-precision bf16 runs several times"
-            " slower than fp32 here",
-            file=sys.stderr,
-        )
+        print("warning: this CPU has no fast bf16 (oneDNN needs AVX-512): --mixed-precision bf16 runs several times"
+              " slower than fp32 here", file=sys.stderr)
 
 
 def main(args: Args):
@@ -1206,8 +1163,7 @@ def main(args: Args):
     print(
         f"rank {rank}/{args.world_size}: pid {os.getpid()}, {device}, {backend}, {torch.get_num_threads()} threads, "
         f"env seeds {env_seed}..{env_seed + args.local_num_envs - 1}\n",
-        end="",
-        flush=True,
+        end="", flush=True,
     )
 
     start_global_step, sps, games_played = global_step, 0, 0
@@ -1217,13 +1173,8 @@ def main(args: Args):
     video = None
     if args.capture_video and rank == 0:
         video = VideoRecorder(
-            f"videos/{run_name}",
-            args.env_id,
-            env_seed,
-            args.repeat_action_probability,
-            args.max_episode_steps,
-            first_game=env0_games,
-            track=args.track,
+            f"videos/{run_name}", args.env_id, env_seed, args.repeat_action_probability, args.max_episode_steps,
+            first_game=env0_games, track=args.track,
         )
     # --env-split measured: this process's busy time (its iteration minus its time in collective calls,
     # where it waits for the others), over windows of --split-every iterations, each after one of warm-up
@@ -1306,14 +1257,8 @@ def main(args: Args):
                 with autocast():
                     _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
                 loss, stats = ppo_loss(
-                    newlogprob,
-                    entropy,
-                    newvalue,
-                    b_logprobs[mb_inds],
-                    b_advantages[mb_inds],
-                    b_returns[mb_inds],
-                    b_values[mb_inds],
-                    args,
+                    newlogprob, entropy, newvalue, b_logprobs[mb_inds], b_advantages[mb_inds],
+                    b_returns[mb_inds], b_values[mb_inds], args,
                 )
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -1377,13 +1322,8 @@ def main(args: Args):
                         if video is not None:  # env 0 of rank 0 is a new environment: so is its shadow
                             video.close()
                             video = VideoRecorder(
-                                f"videos/{run_name}",
-                                args.env_id,
-                                env_seed,
-                                args.repeat_action_probability,
-                                args.max_episode_steps,
-                                first_game=env0_games,
-                                track=args.track,
+                                f"videos/{run_name}", args.env_id, env_seed, args.repeat_action_probability,
+                                args.max_episode_steps, first_game=env0_games, track=args.track,
                             )
                     warming_up = True
 
@@ -1393,16 +1333,8 @@ def main(args: Args):
             if rank == 0:
                 writer.flush()  # everything up to this checkpoint is on disk before it counts
                 path = save_checkpoint(
-                    f"runs/{run_name}/checkpoints",
-                    agent,
-                    optimizer,
-                    iteration,
-                    global_step,
-                    rng_states,
-                    env0_games,
-                    args,
-                    run_name,
-                    split,
+                    f"runs/{run_name}/checkpoints", agent, optimizer, iteration, global_step, rng_states, env0_games,
+                    args, run_name, split,
                 )
                 print(f"checkpoint {path}", flush=True)
 
