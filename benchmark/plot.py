@@ -57,23 +57,63 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 # Atari Human Benchmark" (arXiv:2003.13350), appendix; the random scores are those of Mnih et al.
 # 2015 (the DQN Nature paper), the human scores those of the later DQN papers. {game: (random, human)}
 REFERENCE_SCORES = {
-    "Alien": (227.8, 7127.7), "Amidar": (5.8, 1719.5), "Assault": (222.4, 742.0), "Asterix": (210.0, 8503.3),
-    "Asteroids": (719.1, 47388.7), "Atlantis": (12850.0, 29028.1), "BankHeist": (14.2, 753.1),
-    "BattleZone": (2360.0, 37187.5), "BeamRider": (363.9, 16926.5), "Berzerk": (123.7, 2630.4),
-    "Bowling": (23.1, 160.7), "Boxing": (0.1, 12.1), "Breakout": (1.7, 30.5), "Centipede": (2090.9, 12017.0),
-    "ChopperCommand": (811.0, 7387.8), "CrazyClimber": (10780.5, 35829.4), "Defender": (2874.5, 18688.9),
-    "DemonAttack": (152.1, 1971.0), "DoubleDunk": (-18.6, -16.4), "Enduro": (0.0, 860.5),
-    "FishingDerby": (-91.7, -38.7), "Freeway": (0.0, 29.6), "Frostbite": (65.2, 4334.7), "Gopher": (257.6, 2412.5),
-    "Gravitar": (173.0, 3351.4), "Hero": (1027.0, 30826.4), "IceHockey": (-11.2, 0.9), "Jamesbond": (29.0, 302.8),
-    "Kangaroo": (52.0, 3035.0), "Krull": (1598.0, 2665.5), "KungFuMaster": (258.5, 22736.3),
-    "MontezumaRevenge": (0.0, 4753.3), "MsPacman": (307.3, 6951.6), "NameThisGame": (2292.3, 8049.0),
-    "Phoenix": (761.4, 7242.6), "Pitfall": (-229.4, 6463.7), "Pong": (-20.7, 14.6), "PrivateEye": (24.9, 69571.3),
-    "Qbert": (163.9, 13455.0), "Riverraid": (1338.5, 17118.0), "RoadRunner": (11.5, 7845.0),
-    "Robotank": (2.2, 11.9), "Seaquest": (68.4, 42054.7), "Skiing": (-17098.1, -4336.9),
-    "Solaris": (1236.3, 12326.7), "SpaceInvaders": (148.0, 1668.7), "StarGunner": (664.0, 10250.0),
-    "Surround": (-10.0, 6.5), "Tennis": (-23.8, -8.3), "TimePilot": (3568.0, 5229.2), "Tutankham": (11.4, 167.6),
-    "UpNDown": (533.4, 11693.2), "Venture": (0.0, 1187.5), "VideoPinball": (16256.9, 17667.9),
-    "WizardOfWor": (563.5, 4756.5), "YarsRevenge": (3092.9, 54576.9), "Zaxxon": (32.5, 9173.3),
+    "Alien": (227.8, 7127.7),
+    "Amidar": (5.8, 1719.5),
+    "Assault": (222.4, 742.0),
+    "Asterix": (210.0, 8503.3),
+    "Asteroids": (719.1, 47388.7),
+    "Atlantis": (12850.0, 29028.1),
+    "BankHeist": (14.2, 753.1),
+    "BattleZone": (2360.0, 37187.5),
+    "BeamRider": (363.9, 16926.5),
+    "Berzerk": (123.7, 2630.4),
+    "Bowling": (23.1, 160.7),
+    "Boxing": (0.1, 12.1),
+    "Breakout": (1.7, 30.5),
+    "Centipede": (2090.9, 12017.0),
+    "ChopperCommand": (811.0, 7387.8),
+    "CrazyClimber": (10780.5, 35829.4),
+    "Defender": (2874.5, 18688.9),
+    "DemonAttack": (152.1, 1971.0),
+    "DoubleDunk": (-18.6, -16.4),
+    "Enduro": (0.0, 860.5),
+    "FishingDerby": (-91.7, -38.7),
+    "Freeway": (0.0, 29.6),
+    "Frostbite": (65.2, 4334.7),
+    "Gopher": (257.6, 2412.5),
+    "Gravitar": (173.0, 3351.4),
+    "Hero": (1027.0, 30826.4),
+    "IceHockey": (-11.2, 0.9),
+    "Jamesbond": (29.0, 302.8),
+    "Kangaroo": (52.0, 3035.0),
+    "Krull": (1598.0, 2665.5),
+    "KungFuMaster": (258.5, 22736.3),
+    "MontezumaRevenge": (0.0, 4753.3),
+    "MsPacman": (307.3, 6951.6),
+    "NameThisGame": (2292.3, 8049.0),
+    "Phoenix": (761.4, 7242.6),
+    "Pitfall": (-229.4, 6463.7),
+    "Pong": (-20.7, 14.6),
+    "PrivateEye": (24.9, 69571.3),
+    "Qbert": (163.9, 13455.0),
+    "Riverraid": (1338.5, 17118.0),
+    "RoadRunner": (11.5, 7845.0),
+    "Robotank": (2.2, 11.9),
+    "Seaquest": (68.4, 42054.7),
+    "Skiing": (-17098.1, -4336.9),
+    "Solaris": (1236.3, 12326.7),
+    "SpaceInvaders": (148.0, 1668.7),
+    "StarGunner": (664.0, 10250.0),
+    "Surround": (-10.0, 6.5),
+    "Tennis": (-23.8, -8.3),
+    "TimePilot": (3568.0, 5229.2),
+    "Tutankham": (11.4, 167.6),
+    "UpNDown": (533.4, 11693.2),
+    "Venture": (0.0, 1187.5),
+    "VideoPinball": (16256.9, 17667.9),
+    "WizardOfWor": (563.5, 4756.5),
+    "YarsRevenge": (3092.9, 54576.9),
+    "Zaxxon": (32.5, 9173.3),
 }
 # A resumed run's later event file starts with a purge_step: TensorBoard's reader drops what the
 # cut-off attempt logged past its checkpoint, as intended, but warns of "a TensorFlow restart" for
@@ -142,21 +182,29 @@ def read_run(path: str) -> Run | None:
         return warn(f"skipping {path}: unreadable events ({type(error).__name__}: {error})")
     identity = identify(path, accumulator)
     if identity is None:
-        return warn(f"skipping {path}: unknown layout (neither a hyperparameters text with env_id, exp_name and "
-                    "seed nor a directory name {env_id}__{exp_name}__{seed}__{timestamp})")
+        return warn(
+            f"skipping {path}: unknown layout (neither a hyperparameters text with env_id, exp_name and "
+            "seed nor a directory name {env_id}__{exp_name}__{seed}__{timestamp})"
+        )
     scalars = accumulator.Tags()["scalars"]
     if "charts/episodic_return" not in scalars:
         return warn(f"skipping {path}: no charts/episodic_return (no game finished)")
     episodes = accumulator.Scalars("charts/episodic_return")
     if len(event_files) > 1:  # each file after the first is an attempt resumed from a checkpoint
-        print(f"note: {path}: resumed {len(event_files) - 1} time(s); what an attempt logged past the checkpoint it was "
-              "resumed from is left out", file=sys.stderr, flush=True)
+        print(
+            f"note: {path}: resumed {len(event_files) - 1} time(s); what an attempt logged past the checkpoint it was "
+            "resumed from is left out",
+            file=sys.stderr,
+            flush=True,
+        )
     sps = accumulator.Scalars("charts/SPS") if "charts/SPS" in scalars else []
     return Run(
-        path, *identity,
+        path,
+        *identity,
         episode_steps=np.array([e.step for e in episodes], dtype=np.float64),
-        episode_seconds=running_seconds(path, np.array([e.wall_time for e in episodes]), started,
-                                        np.array([e.wall_time for e in [*episodes, *sps]])),
+        episode_seconds=running_seconds(
+            path, np.array([e.wall_time for e in episodes]), started, np.array([e.wall_time for e in [*episodes, *sps]])
+        ),
         returns=np.array([e.value for e in episodes], dtype=np.float64),
         sps_steps=np.array([e.step for e in sps], dtype=np.float64),
         sps_times=np.array([e.wall_time for e in sps]),
@@ -197,8 +245,10 @@ def read_runs(runs_dir: str) -> list[Run]:
         key = (run.env_id, run.exp_name, run.seed)
         if key in kept:
             shorter, further = sorted((kept[key], run), key=last_step)
-            warn(f"skipping {shorter.path}: seed {run.seed} of {run.exp_name} on {run.env_id} again, and "
-                 f"{further.path} got further")
+            warn(
+                f"skipping {shorter.path}: seed {run.seed} of {run.exp_name} on {run.env_id} again, and "
+                f"{further.path} got further"
+            )
             run = further
         kept[key] = run
     return list(kept.values())
@@ -277,7 +327,7 @@ def plot_returns(runs: list[Run], axis: str, window: int, references=()) -> plt.
     columns = min(3, len(env_ids))
     rows = math.ceil(len(env_ids) / columns)
     figure, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 3.8 * rows), squeeze=False)
-    for ax in axes.flat[len(env_ids):]:
+    for ax in axes.flat[len(env_ids) :]:
         figure.delaxes(ax)
     for ax, env_id in zip(axes.flat, env_ids):
         for (group_env, script), members in groups.items():
@@ -321,7 +371,10 @@ def results_table(runs: list[Run], window: int) -> str:
 
 def milestones_table(runs: list[Run], window: int, every: int) -> str:
     """Each run's mean return of its last `window` games at every `every` steps (the games logged by then)."""
-    lines = [f"| env id | script | seed | steps | mean return of the last {window} games | games |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"| env id | script | seed | steps | mean return of the last {window} games | games |",
+        "|---|---|---|---|---|---|",
+    ]
     for (env_id, script), members in group(runs).items():
         for run in members:
             for milestone in range(every, int(last_step(run)) + 1, every):
@@ -364,8 +417,9 @@ def aggregate(scores: dict[str, np.ndarray], games: list[str], reps: int):
     measure = lambda x: np.array([metrics.aggregate_iqm(x), metrics.aggregate_median(x), metrics.aggregate_mean(x)])
     with warnings.catch_warnings():  # rliable 1.2 still seeds arch's bootstrap the way arch 7 deprecates
         warnings.filterwarnings("ignore", "random_state is deprecated", FutureWarning)
-        points, intervals = rly.get_interval_estimates(scores, measure, reps=reps,
-                                                       random_state=np.random.RandomState(0))
+        points, intervals = rly.get_interval_estimates(
+            scores, measure, reps=reps, random_state=np.random.RandomState(0)
+        )
     scripts = sorted(scores)
     lines = [
         f"Human-normalized final return over {len(games)} games ({', '.join(games)}), "
@@ -376,13 +430,22 @@ def aggregate(scores: dict[str, np.ndarray], games: list[str], reps: int):
         "|---|---|---|---|",
     ]
     for script in scripts:
-        cells = [f"{points[script][i]:.3f} [{intervals[script][0, i]:.3f}, {intervals[script][1, i]:.3f}]"
-                 for i in range(len(metric_names))]
+        cells = [
+            f"{points[script][i]:.3f} [{intervals[script][0, i]:.3f}, {intervals[script][1, i]:.3f}]"
+            for i in range(len(metric_names))
+        ]
         lines.append(f"| {script} | {' | '.join(cells)} |")
     colors = script_colors(scripts)
     interval_figure, _ = plot_utils.plot_interval_estimates(
-        points, intervals, metric_names=metric_names, algorithms=scripts, colors=colors,
-        xlabel="human-normalized score", subfigure_width=3.4, row_height=0.6, xlabel_y_coordinate=-0.35,
+        points,
+        intervals,
+        metric_names=metric_names,
+        algorithms=scripts,
+        colors=colors,
+        xlabel="human-normalized score",
+        subfigure_width=3.4,
+        row_height=0.6,
+        xlabel_y_coordinate=-0.35,
         max_ticks=3,
     )
     highest = max(float(np.max(s)) for s in scores.values())
@@ -392,8 +455,13 @@ def aggregate(scores: dict[str, np.ndarray], games: list[str], reps: int):
     profile_figure, ax = plt.subplots(figsize=(6, 4))
     ax.set_title(f"performance profile over {len(games)} games", fontsize="medium")
     plot_utils.plot_performance_profiles(
-        profiles, taus, performance_profile_cis=profile_intervals, colors=colors, ax=ax,
-        xlabel=r"human-normalized score $\tau$", ylabel=r"fraction of runs with score $> \tau$",
+        profiles,
+        taus,
+        performance_profile_cis=profile_intervals,
+        colors=colors,
+        ax=ax,
+        xlabel=r"human-normalized score $\tau$",
+        ylabel=r"fraction of runs with score $> \tau$",
     )
     ax.legend([plt.Line2D([], [], color=colors[s]) for s in scripts], scripts, fontsize="small")
     return "\n".join(lines) + "\n", interval_figure, profile_figure
@@ -450,8 +518,10 @@ def read_throughput(path: str) -> dict:
         rows = results["rows"]
         assert all({"script", "processes", "precision", "steady_sps", "env_only_sps"} <= row.keys() for row in rows)
     except (OSError, ValueError, KeyError, TypeError, AssertionError) as error:
-        fail(f"{path} is not a `benchmark/throughput.py --json` result ({type(error).__name__}); write one with "
-             "python benchmark/throughput.py --json FILE")
+        fail(
+            f"{path} is not a `benchmark/throughput.py --json` result ({type(error).__name__}); write one with "
+            "python benchmark/throughput.py --json FILE"
+        )
     return results
 
 
@@ -465,8 +535,18 @@ def plot_throughput(results: dict) -> plt.Figure:
     figure, ax = plt.subplots(figsize=(1.9 * len(configurations) + 2, 4.2))
     palette = {"fp32": "tab:blue", "bf16": "tab:orange"}
     for p, precision in enumerate(precisions):
-        heights = [next((row["steady_sps"] for row in rows if (row["script"], row["processes"]) == c
-                         and row["precision"] == precision), 0.0) or 0.0 for c in configurations]
+        heights = [
+            next(
+                (
+                    row["steady_sps"]
+                    for row in rows
+                    if (row["script"], row["processes"]) == c and row["precision"] == precision
+                ),
+                0.0,
+            )
+            or 0.0
+            for c in configurations
+        ]
         positions = np.arange(len(configurations)) - 0.4 + width * (p + 0.5)
         bars = ax.bar(positions, heights, width, label=f"{precision} (steady SPS)", color=palette.get(precision))
         ax.bar_label(bars, fmt="%.0f", fontsize="small")
@@ -478,12 +558,21 @@ def plot_throughput(results: dict) -> plt.Figure:
             env_label = None  # one legend entry for all the lines
     ax.set_xticks(range(len(configurations)))
     processes_text = lambda n: f"\n{n} process{'es' if n > 1 else ''}"
-    ax.set_xticklabels([script + (processes_text(processes) if script == "ppo_atari_multigpu" else "")
-                        for script, processes in configurations], fontsize="small")
+    ax.set_xticklabels(
+        [
+            script + (processes_text(processes) if script == "ppo_atari_multigpu" else "")
+            for script, processes in configurations
+        ],
+        fontsize="small",
+    )
     ax.set_ylabel("environment steps per second")
     setup = results.get("setup", {})
-    title = [setup.get("env_id"), f"{setup.get('num_envs')} envs x {setup.get('num_steps')} steps per process",
-             f"{setup.get('cpus')} CPUs" + (f" ({setup['cpu']})" if setup.get("cpu") else ""), setup.get("date")]
+    title = [
+        setup.get("env_id"),
+        f"{setup.get('num_envs')} envs x {setup.get('num_steps')} steps per process",
+        f"{setup.get('cpus')} CPUs" + (f" ({setup['cpu']})" if setup.get("cpu") else ""),
+        setup.get("date"),
+    ]
     ax.set_title(", ".join(str(part) for part in title if part and "None" not in str(part)), fontsize="medium")
     ax.legend(fontsize="small")
     ax.grid(axis="y", alpha=0.3)
@@ -508,8 +597,10 @@ def read_allreduce(path: str) -> dict:
         assert all({"processes", "time_ratio", "bytes_ratio"} <= point.keys() for point in ratios)
         assert "central_60_percent_more_at" in results
     except (OSError, ValueError, KeyError, TypeError, AssertionError) as error:
-        fail(f"{path} is not a `benchmark/allreduce.py --json` result ({type(error).__name__}); write one with "
-             "python benchmark/allreduce.py --json FILE")
+        fail(
+            f"{path} is not a `benchmark/allreduce.py --json` result ({type(error).__name__}); write one with "
+            "python benchmark/allreduce.py --json FILE"
+        )
     return results
 
 
@@ -521,14 +612,21 @@ def plot_allreduce(results: dict) -> plt.Figure:
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4))
     colors = {"ring": "tab:blue", "central": "tab:red"}
     for scheme in dict.fromkeys(row["scheme"] for row in rows):
-        points = sorted((row["processes"], row["median_ms"], row["busiest_sent_bytes"]) for row in rows
-                        if row["scheme"] == scheme)
+        points = sorted(
+            (row["processes"], row["median_ms"], row["busiest_sent_bytes"]) for row in rows if row["scheme"] == scheme
+        )
         counts, times, sent = zip(*points)
         left.plot(counts, times, "o-", color=colors.get(scheme), label=f"{scheme}")
         for n, t, b in points:
-            left.annotate(f"{t:.1f} ms\n{b / 1e6:.1f} MB", (n, t), textcoords="offset points",
-                          xytext=(4, -22) if scheme == "ring" else (-8, 6), ha="left" if scheme == "ring" else "right",
-                          fontsize="x-small", color=colors.get(scheme))
+            left.annotate(
+                f"{t:.1f} ms\n{b / 1e6:.1f} MB",
+                (n, t),
+                textcoords="offset points",
+                xytext=(4, -22) if scheme == "ring" else (-8, 6),
+                ha="left" if scheme == "ring" else "right",
+                fontsize="x-small",
+                color=colors.get(scheme),
+            )
     top = max(row["median_ms"] for row in rows)
     left.set_ylim(-0.15 * top, 1.2 * top)  # room for the labels above and below the points
     left.set_xlim(min(r["processes"] for r in rows) / 1.35, max(r["processes"] for r in rows) * 1.35)
@@ -543,8 +641,14 @@ def plot_allreduce(results: dict) -> plt.Figure:
     at = results["central_60_percent_more_at"]
     if at is not None:
         right.axvline(at, color="tab:orange", linestyle=":", linewidth=1.5)
-        right.annotate(f"measured: {at:.1f} processes", (at, 1.6), textcoords="offset points", xytext=(5, -14),
-                       fontsize="small", color="tab:orange")
+        right.annotate(
+            f"measured: {at:.1f} processes",
+            (at, 1.6),
+            textcoords="offset points",
+            xytext=(5, -14),
+            fontsize="small",
+            color="tab:orange",
+        )
     right.set_ylabel("central / ring")
     right.set_title("central scheme over ring", fontsize="medium")
     for ax in (left, right):
@@ -554,9 +658,14 @@ def plot_allreduce(results: dict) -> plt.Figure:
         ax.set_xlabel("processes")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
-    parts = [f"{setup.get('numel', 0):,} fp32 parameters" if setup.get("numel") else None, setup.get("backend"),
-             setup.get("transport"), f"{setup.get('cpus')} CPUs ({setup.get('cpu')})" if setup.get("cpus") else None,
-             setup.get("gpu"), setup.get("date")]
+    parts = [
+        f"{setup.get('numel', 0):,} fp32 parameters" if setup.get("numel") else None,
+        setup.get("backend"),
+        setup.get("transport"),
+        f"{setup.get('cpus')} CPUs ({setup.get('cpu')})" if setup.get("cpus") else None,
+        setup.get("gpu"),
+        setup.get("date"),
+    ]
     title = ", ".join(str(part) for part in parts if part)
     figure.suptitle(title + "\nthe traffic pattern of a cluster, not a cluster", fontsize="medium")
     figure.tight_layout()
@@ -576,10 +685,20 @@ def main():
     runs.add_argument("--out-dir", default="plots", help="where the PNGs and results.md go (default: plots)")
     runs.add_argument("--window", type=int, default=100, help="episodes in each run's final mean (default 100)")
     runs.add_argument("--reps", type=int, default=50000, help="bootstrap resamples of the aggregate (default 50000)")
-    runs.add_argument("--reference", action="append", default=[], metavar="LABEL=RETURN",
-                      help="a published result drawn as a dashed line on every panel (repeatable)")
-    runs.add_argument("--every", type=int, default=0, metavar="STEPS",
-                      help="also tabulate each run's last-window mean at every STEPS steps (default: off)")
+    runs.add_argument(
+        "--reference",
+        action="append",
+        default=[],
+        metavar="LABEL=RETURN",
+        help="a published result drawn as a dashed line on every panel (repeatable)",
+    )
+    runs.add_argument(
+        "--every",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="also tabulate each run's last-window mean at every STEPS steps (default: off)",
+    )
     speed = commands.add_parser("throughput", help="the bar chart of a `benchmark/throughput.py --json` result")
     speed.add_argument("results", help="the JSON file written by benchmark/throughput.py --json")
     speed.add_argument("--out-dir", default="plots", help="where throughput.png goes (default: plots)")

@@ -148,19 +148,21 @@ def make_runs(commands: list[str], env_ids: list[str], seeds: list[int]) -> list
         except ValueError as error:
             fail(f"cannot parse --command {command!r}: {error}")
         if not tokens:
-            fail("--command is empty; give the training command, e.g. \"python cleanrl/ppo_atari.py\"")
+            fail('--command is empty; give the training command, e.g. "python cleanrl/ppo_atari.py"')
         for flag in ("--env-id", "--seed"):
             if option_value(tokens, flag) is not None or flag in tokens:
                 fail(f"--command already has {flag}; remove it, the runner appends --env-id and --seed to each run")
         exp_name = exp_name_of(tokens)
         for env_id in env_ids:
             for seed in seeds:
-                runs.append(Run(
-                    name=f"{env_id.replace('/', '_')}__{exp_name}__{seed}",
-                    command=f"{command} --env-id {shlex.quote(env_id)} --seed {seed}",
-                    processes=processes_of(tokens),
-                    resumes=option_value(tokens, "--resume") is not None,
-                ))
+                runs.append(
+                    Run(
+                        name=f"{env_id.replace('/', '_')}__{exp_name}__{seed}",
+                        command=f"{command} --env-id {shlex.quote(env_id)} --seed {seed}",
+                        processes=processes_of(tokens),
+                        resumes=option_value(tokens, "--resume") is not None,
+                    )
+                )
     names = [run.name for run in runs]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
@@ -232,8 +234,10 @@ def start(run: Run, log_dir: str, threads: int, dies_with_runner: bool = False):
     # A run that resumes itself keeps the log of its earlier attempts (their checkpoints, a
     # traceback) and adds this one's; --skip-done reads the first and the last line.
     with open(run.log_path, "a" if run.resumes else "w") as log:
-        log.write(f"# {run.command}\n# OMP_NUM_THREADS={threads}, started {time.strftime('%Y-%m-%d %H:%M:%S')}"
-                  f" on {machine()}\n")
+        log.write(
+            f"# {run.command}\n# OMP_NUM_THREADS={threads}, started {time.strftime('%Y-%m-%d %H:%M:%S')}"
+            f" on {machine()}\n"
+        )
         log.flush()
         run.log_offset = log.tell()
         # A session of its own: the terminal's Ctrl-C reaches the runner only, which stops each run
@@ -243,8 +247,12 @@ def start(run: Run, log_dir: str, threads: int, dies_with_runner: bool = False):
         # program it starts would inherit too, and a Python script then never sees a KeyboardInterrupt
         # (it went on until the stop timeout's SIGKILL). The runner has no threads, so a preexec_fn is safe.
         run.process = subprocess.Popen(
-            ["bash", "-c", run.command], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+            ["bash", "-c", run.command],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
             pass_fds=(run.lock.fileno(),),  # the run holds its lock for as long as it lives, runner or not
             preexec_fn=lambda: reset_signals(dies_with_runner),
         )
@@ -377,8 +385,14 @@ def stop(runs: list[Run], timeout: float, display) -> None:
 # ---------------------------------------------------------------------------------------------
 # Display
 # ---------------------------------------------------------------------------------------------
-COLUMNS = [("run", "name"), ("state", "state"), ("elapsed", None), ("steps", "steps"), ("SPS", "sps"),
-           ("return", "recent_return")]
+COLUMNS = [
+    ("run", "name"),
+    ("state", "state"),
+    ("elapsed", None),
+    ("steps", "steps"),
+    ("SPS", "sps"),
+    ("return", "recent_return"),
+]
 
 
 def table_lines(runs: list[Run]) -> list[str]:
@@ -454,8 +468,9 @@ class PlainDisplay:
         self.last_report = time.time()
         for run in self.runs:
             if run.state == "running":
-                self.message(f"running {run.name} {run.elapsed()}: steps {run.steps}, {run.sps} SPS, "
-                             f"return {run.recent_return}")
+                self.message(
+                    f"running {run.name} {run.elapsed()}: steps {run.steps}, {run.sps} SPS, return {run.recent_return}"
+                )
         self.message(counts(self.runs))
 
     def close(self):
@@ -470,8 +485,9 @@ def raise_interrupted(signum, frame):
     raise Interrupted()
 
 
-def run_locally(runs: list[Run], workers: int, log_dir: str, status_interval: float, stop_timeout: float,
-                skip_done: bool = False) -> int:
+def run_locally(
+    runs: list[Run], workers: int, log_dir: str, status_interval: float, stop_timeout: float, skip_done: bool = False
+) -> int:
     os.makedirs(log_dir, exist_ok=True)
     cores = len(os.sched_getaffinity(0))
     display = TerminalDisplay(runs) if sys.stdout.isatty() else PlainDisplay(runs, status_interval)
@@ -479,8 +495,12 @@ def run_locally(runs: list[Run], workers: int, log_dir: str, status_interval: fl
     still_running = lock_runs(runs, log_dir)
     if still_running:
         display.close()
-        print(f"error: still running from an earlier runner: {', '.join(still_running)} (their processes hold "
-              f"{log_dir}/locks/NAME.lock); stop them first", file=sys.stderr, flush=True)
+        print(
+            f"error: still running from an earlier runner: {', '.join(still_running)} (their processes hold "
+            f"{log_dir}/locks/NAME.lock); stop them first",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     if skip_done:
         for run in runs:
@@ -495,7 +515,9 @@ def run_locally(runs: list[Run], workers: int, log_dir: str, status_interval: fl
     queue, running = [run for run in runs if run.state == "queued"], []
     # A scheduler's SIGTERM, `kill`, and a closed terminal's SIGHUP stop the runs like Ctrl-C; but
     # not a signal the runner was started with ignored (`nohup` ignores SIGHUP: the runs go on).
-    stop_signals = [number for number in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(number) is not signal.SIG_IGN]
+    stop_signals = [
+        number for number in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(number) is not signal.SIG_IGN
+    ]
     for number in stop_signals:
         signal.signal(number, raise_interrupted)
     try:
@@ -520,8 +542,11 @@ def run_locally(runs: list[Run], workers: int, log_dir: str, status_interval: fl
         stop(running, stop_timeout, display)
         display.close()
         not_started = f", {len(queue)} not started" if queue else ""
-        print(f"error: interrupted: stopped {', '.join(r.name for r in running) or 'no run'}{not_started}",
-              file=sys.stderr, flush=True)
+        print(
+            f"error: interrupted: stopped {', '.join(r.name for r in running) or 'no run'}{not_started}",
+            file=sys.stderr,
+            flush=True,
+        )
         return 130
     display.close()
     failed = [run for run in runs if run.state == "failed"]
@@ -579,24 +604,42 @@ def submit_slurm(runs: list[Run], cli, log_dir: str) -> int:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--command", nargs="+", required=True,
-                        help="the training command(s), each one string; --env-id and --seed are appended")
+    parser.add_argument(
+        "--command",
+        nargs="+",
+        required=True,
+        help="the training command(s), each one string; --env-id and --seed are appended",
+    )
     parser.add_argument("--env-ids", nargs="+", required=True, help="env ids to run each command on")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1], help="seeds to run (default: 1)")
-    parser.add_argument("--workers", type=int,
-                        help="runs at the same time (default 1; under --slurm: no cap); each run gets "
-                             "OMP_NUM_THREADS = cores // (workers * processes of the run)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        help="runs at the same time (default 1; under --slurm: no cap); each run gets "
+        "OMP_NUM_THREADS = cores // (workers * processes of the run)",
+    )
     parser.add_argument("--log-dir", default="logs", help="where each run's output goes, as {name}.log (default: logs)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands (or the sbatch script) and stop")
-    parser.add_argument("--skip-done", action="store_true",
-                        help="skip the runs that an earlier runner finished with exit 0 (their log in --log-dir "
-                             "says so, with the same command), and move the TensorBoard directories of earlier "
-                             "unfinished attempts of the others to LOG_DIR/incomplete_runs/: a study cut off "
-                             "midway goes on where it stopped when its command is run again")
-    parser.add_argument("--status-interval", type=float, default=60.0,
-                        help="seconds between the progress lines of the running runs when stdout is not a terminal")
-    parser.add_argument("--stop-timeout", type=float, default=30.0,
-                        help="seconds the runs get to exit after Ctrl-C before they are killed (default 30)")
+    parser.add_argument(
+        "--skip-done",
+        action="store_true",
+        help="skip the runs that an earlier runner finished with exit 0 (their log in --log-dir "
+        "says so, with the same command), and move the TensorBoard directories of earlier "
+        "unfinished attempts of the others to LOG_DIR/incomplete_runs/: a study cut off "
+        "midway goes on where it stopped when its command is run again",
+    )
+    parser.add_argument(
+        "--status-interval",
+        type=float,
+        default=60.0,
+        help="seconds between the progress lines of the running runs when stdout is not a terminal",
+    )
+    parser.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=30.0,
+        help="seconds the runs get to exit after Ctrl-C before they are killed (default 30)",
+    )
     slurm = parser.add_argument_group("Slurm (--slurm: an sbatch array script instead of local workers)")
     slurm.add_argument("--slurm", action="store_true", help="render, print and submit (with sbatch, if on PATH)")
     slurm.add_argument("--job-name", default="cleanrl", help="the Slurm job name, also the script's file name")
@@ -625,8 +668,10 @@ def main():
             if cli.skip_done and finished_before(run, cli.log_dir):
                 print(f"# done earlier, skipped: {run.command}")
                 continue
-            print(f"OMP_NUM_THREADS={threads_per_run(cores, workers, run.processes)} {run.command}"
-                  f"  > {os.path.join(cli.log_dir, run.name + '.log')}")
+            print(
+                f"OMP_NUM_THREADS={threads_per_run(cores, workers, run.processes)} {run.command}"
+                f"  > {os.path.join(cli.log_dir, run.name + '.log')}"
+            )
         return
     sys.exit(run_locally(runs, workers, cli.log_dir, cli.status_interval, cli.stop_timeout, cli.skip_done))
 

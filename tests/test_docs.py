@@ -12,10 +12,11 @@ import shlex
 
 import pytest
 import yaml
-
 from common import REPO_ROOT
 
-SCRIPTS = sorted(os.path.basename(path)[: -len(".py")] for path in glob.glob(os.path.join(REPO_ROOT, "cleanrl", "*.py")))
+SCRIPTS = sorted(
+    os.path.basename(path)[: -len(".py")] for path in glob.glob(os.path.join(REPO_ROOT, "cleanrl", "*.py"))
+)
 DOCS = os.path.join(REPO_ROOT, "docs")
 
 
@@ -44,8 +45,12 @@ def logged_tags(script: str) -> list[str]:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_scalar":
             tag = node.args[0]
             if isinstance(tag, ast.JoinedStr):
-                tags.append("".join(part.value if isinstance(part, ast.Constant) else "{" + ast.unparse(part.value) + "}"
-                                    for part in tag.values))
+                tags.append(
+                    "".join(
+                        part.value if isinstance(part, ast.Constant) else "{" + ast.unparse(part.value) + "}"
+                        for part in tag.values
+                    )
+                )
                 continue
             assert isinstance(tag, ast.Constant), f"{script}: a tag this check cannot read: {ast.unparse(tag)}"
             tags.append(tag.value)
@@ -136,7 +141,7 @@ def script_commands(tokens: list[str]):
         match = re.fullmatch(r".*cleanrl/(\w+)\.py", token)
         if match:
             arguments = []
-            for later in tokens[i + 1:]:
+            for later in tokens[i + 1 :]:
                 if later in ("&&", "||", "|", ";", ">", "2>&1"):
                     break
                 arguments.append(later)
@@ -170,6 +175,6 @@ def test_every_command_in_the_docs_uses_flags_its_script_has():
         flags = set(cli_flags(script)) | {"--help"}
         for argument in (argument for argument in arguments if argument.startswith("--")):
             name = argument.split("=")[0].replace("_", "-")  # tyro takes --capture_video as --capture-video
-            if name not in flags and not (name.startswith("--no-") and "--" + name[len("--no-"):] in flags):
+            if name not in flags and not (name.startswith("--no-") and "--" + name[len("--no-") :] in flags):
                 unknown.append(f"{path}: {name} is not a flag of {script}.py: {line}")
     assert not unknown, "\n".join(unknown)

@@ -10,10 +10,10 @@ import matplotlib.image
 import numpy as np
 import pytest
 import scipy.stats
+from common import assert_user_error, run_tool
 from torch.utils.tensorboard import SummaryWriter
 
 import benchmark.plot as plot
-from common import assert_user_error, run_tool
 
 SCRIPTS = ["alpha", "beta"]
 ENV_IDS = ["ALE/Qbert-v5", "BreakoutNoFrameskip-v4", "PongNoFrameskip-v4"]  # sorted, as the panels are
@@ -59,8 +59,9 @@ def write_study(runs_dir, env_ids=ENV_IDS):
             for seed in SEEDS:
                 returns = [-1000.0] * 50 + [last_100_value(script, env_id, seed)] * 100
                 name = f"{env_id.replace('/', '_')}__{script}__{seed}__1700000000"
-                write_run(runs_dir, name, returns, hyperparameters_text(env_id, script, seed),
-                          iteration_rates(script, seed))
+                write_run(
+                    runs_dir, name, returns, hyperparameters_text(env_id, script, seed), iteration_rates(script, seed)
+                )
 
 
 def table_rows(markdown: str) -> dict[tuple[str, str], list[str]]:
@@ -82,8 +83,9 @@ def study(tmp_path_factory):
     return folder, result
 
 
-@pytest.mark.parametrize("name", ["returns_vs_steps.png", "returns_vs_time.png", "aggregate.png",
-                                  "performance_profile.png"])
+@pytest.mark.parametrize(
+    "name", ["returns_vs_steps.png", "returns_vs_time.png", "aggregate.png", "performance_profile.png"]
+)
 def test_each_figure_is_written_as_a_png(study, name):
     image = matplotlib.image.imread(study[0] / "out" / name)
     assert image.shape[0] > 100 and image.shape[1] > 100
@@ -139,14 +141,19 @@ def test_the_table_gives_the_median_steady_sps_over_seeds(study):
 
 def test_the_aggregate_iqm_is_the_trimmed_mean_of_the_human_normalized_scores(study):
     text = (study[0] / "out" / "results.md").read_text()
-    aggregate = text[text.index("## Aggregate over games"):]
+    aggregate = text[text.index("## Aggregate over games") :]
     assert "3 games (Breakout, Pong, Qbert), 2 run(s) per game" in aggregate
     for script in SCRIPTS:
-        scores = np.array([
-            [(last_100_value(script, env_id, seed) - PUBLISHED[game][0]) / (PUBLISHED[game][1] - PUBLISHED[game][0])
-             for env_id, game in zip(ENV_IDS, ["Qbert", "Breakout", "Pong"])]
-            for seed in SEEDS
-        ])
+        scores = np.array(
+            [
+                [
+                    (last_100_value(script, env_id, seed) - PUBLISHED[game][0])
+                    / (PUBLISHED[game][1] - PUBLISHED[game][0])
+                    for env_id, game in zip(ENV_IDS, ["Qbert", "Breakout", "Pong"])
+                ]
+                for seed in SEEDS
+            ]
+        )
         (row,) = [line for line in aggregate.splitlines() if line.startswith(f"| {script} |")]
         iqm, median, mean = (cell.strip() for cell in row.strip("|").split("|")[1:])
         assert iqm.startswith(f"{scipy.stats.trim_mean(scores, 0.25, axis=None):.3f} [")
@@ -182,8 +189,12 @@ def test_of_two_runs_of_one_seed_the_one_that_got_further_counts(tmp_path, capsy
     text = hyperparameters_text("PongNoFrameskip-v4", "alpha", 1)
     write_run(tmp_path, "PongNoFrameskip-v4__alpha__1__1700000000", [1.0] * 30, text)  # cut off at step 3,000
     write_run(tmp_path, "PongNoFrameskip-v4__alpha__1__1700009999", [2.0] * 50, text)
-    write_run(tmp_path, "PongNoFrameskip-v4__alpha__2__1700000000", [3.0] * 10, hyperparameters_text(
-        "PongNoFrameskip-v4", "alpha", 2))
+    write_run(
+        tmp_path,
+        "PongNoFrameskip-v4__alpha__2__1700000000",
+        [3.0] * 10,
+        hyperparameters_text("PongNoFrameskip-v4", "alpha", 2),
+    )
     runs = plot.read_runs(str(tmp_path))
     assert sorted((run.seed, len(run.returns)) for run in runs) == [(1, 50), (2, 10)]
     warning = capsys.readouterr().err
@@ -210,8 +221,9 @@ def test_a_resumed_run_counts_the_time_it_ran_not_its_pauses(tmp_path, capsys, c
     np.testing.assert_allclose(seconds, [*range(10), *range(9, 19)], atol=1e-3)
     # the purge is said once, in the tool's words, not as TensorBoard's warning of a "TensorFlow restart"
     messages = capsys.readouterr().err.splitlines()
-    assert messages == [f"note: {folder}: resumed 1 time(s); what an attempt logged past the checkpoint it was "
-                        "resumed from is left out"]
+    assert messages == [
+        f"note: {folder}: resumed 1 time(s); what an attempt logged past the checkpoint it was resumed from is left out"
+    ]
     assert [record.message for record in caplog.records if record.name == "tensorboard"] == []
 
 
@@ -231,16 +243,27 @@ def test_fewer_than_three_games_leave_the_aggregate_out(tmp_path):
 
 def test_every_script_gets_the_same_number_of_seeds_per_game_in_the_aggregate(tmp_path):
     write_study(tmp_path)
-    write_run(tmp_path, "PongNoFrameskip-v4__alpha__3__1700000000", [5.0], hyperparameters_text(
-        "PongNoFrameskip-v4", "alpha", 3))
+    write_run(
+        tmp_path,
+        "PongNoFrameskip-v4__alpha__3__1700000000",
+        [5.0],
+        hyperparameters_text("PongNoFrameskip-v4", "alpha", 3),
+    )
     scores, games = plot.normalized_scores(plot.read_runs(str(tmp_path)), window=100)
     assert games == ["Breakout", "Pong", "Qbert"]
     assert {script: s.shape for script, s in scores.items()} == {"alpha": (2, 3), "beta": (2, 3)}
 
 
-@pytest.mark.parametrize("env_id, game", [("BreakoutNoFrameskip-v4", "Breakout"), ("ALE/Breakout-v5", "Breakout"),
-                                          ("Breakout-v5", "Breakout"), ("MsPacmanNoFrameskip-v4", "MsPacman"),
-                                          ("CartPole-v1", None)])
+@pytest.mark.parametrize(
+    "env_id, game",
+    [
+        ("BreakoutNoFrameskip-v4", "Breakout"),
+        ("ALE/Breakout-v5", "Breakout"),
+        ("Breakout-v5", "Breakout"),
+        ("MsPacmanNoFrameskip-v4", "MsPacman"),
+        ("CartPole-v1", None),
+    ],
+)
 def test_env_ids_of_every_style_name_their_atari_game(env_id, game):
     assert plot.game_of(env_id) == game
 
@@ -277,16 +300,22 @@ def throughput_results() -> dict:
     for key in list(samples):
         if key[3] == "steady":
             samples[key[:3] + ("reported",)] = [value - 10 for value in samples[key]]
-    rows = throughput.summarize(samples, ["ppo_atari", "ppo_atari_multigpu"], ["none", "bf16"], batch_size=1024,
-                                num_steps=128, num_envs=8)
+    rows = throughput.summarize(
+        samples, ["ppo_atari", "ppo_atari_multigpu"], ["none", "bf16"], batch_size=1024, num_steps=128, num_envs=8
+    )
     return {"setup": {"env_id": "BreakoutNoFrameskip-v4", "num_envs": 8, "num_steps": 128, "cpus": 2}, "rows": rows}
 
 
 def test_throughput_rows_hold_the_medians_of_the_rounds_and_the_serial_bound():
     rows = {(row["script"], row["processes"], row["precision"]): row for row in throughput_results()["rows"]}
-    assert list(rows) == [("ppo_atari", 1, "fp32"), ("ppo_atari", 1, "bf16"), ("ppo_atari_multigpu", 1, "fp32"),
-                          ("ppo_atari_multigpu", 1, "bf16"), ("ppo_atari_multigpu", 2, "fp32"),
-                          ("ppo_atari_multigpu", 2, "bf16")]
+    assert list(rows) == [
+        ("ppo_atari", 1, "fp32"),
+        ("ppo_atari", 1, "bf16"),
+        ("ppo_atari_multigpu", 1, "fp32"),
+        ("ppo_atari_multigpu", 1, "bf16"),
+        ("ppo_atari_multigpu", 2, "fp32"),
+        ("ppo_atari_multigpu", 2, "bf16"),
+    ]
     fp32 = rows["ppo_atari", 1, "fp32"]
     assert fp32["steady_sps"] == 410.0 and fp32["logged_sps"] == 400.0
     assert fp32["env_only_sps"] == pytest.approx(8 / 0.003)
@@ -302,7 +331,10 @@ def test_throughput_figure_has_a_bar_per_configuration_and_precision_and_the_env
     heights = [bar.get_height() for bar in ax.patches]
     assert heights == [410.0, 400.0, 720.0, 560.0, 510.0, 940.0], "fp32 bars, then bf16 bars"
     assert [label.get_text() for label in ax.get_xticklabels()] == [
-        "ppo_atari", "ppo_atari_multigpu\n1 process", "ppo_atari_multigpu\n2 processes"]
+        "ppo_atari",
+        "ppo_atari_multigpu\n1 process",
+        "ppo_atari_multigpu\n2 processes",
+    ]
     (env_line,) = ax.collections
     assert env_line.get_segments()[0][0][1] == pytest.approx(8 / 0.003)
 
@@ -330,8 +362,19 @@ def test_a_published_result_is_a_dashed_line_on_every_panel(tmp_path):
 def test_the_milestones_table_gives_each_runs_last_100_mean_at_every_mark(tmp_path):
     # 150 games at steps 100, 200, ..., 15000: the first 50 score -1000, the last 100 score v.
     write_study(tmp_path / "runs", env_ids=["BreakoutNoFrameskip-v4"])
-    result = run_tool("plot.py", "learning", "--runs-dir", "runs", "--out-dir", "out", "--every", "5000",
-                      "--reference", "CleanRL, 10M steps=414.66", cwd=tmp_path)
+    result = run_tool(
+        "plot.py",
+        "learning",
+        "--runs-dir",
+        "runs",
+        "--out-dir",
+        "out",
+        "--every",
+        "5000",
+        "--reference",
+        "CleanRL, 10M steps=414.66",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     lines = (tmp_path / "out" / "results.md").read_text().splitlines()
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]

@@ -7,17 +7,27 @@ import ale_py
 import numpy as np
 import pytest
 import torch
+from checkpoints import assert_run_resumes_where_its_checkpoint_left_it
 from common import (
-    assert_corrupt_checkpoint_rejected, assert_evaluation_printed,
-    assert_evaluation_warns_when_emulator_settings_differ, assert_gae_matches_reference,
-    assert_ppo_loss_matches_reference, assert_progress_follows_the_convention, assert_progress_line_per_iteration,
+    assert_corrupt_checkpoint_rejected,
+    assert_evaluation_printed,
+    assert_evaluation_warns_when_emulator_settings_differ,
+    assert_gae_matches_reference,
+    assert_ppo_loss_matches_reference,
+    assert_progress_follows_the_convention,
+    assert_progress_line_per_iteration,
     assert_rollout_dones_and_rewards,
     assert_saved_model_loads_identically,
-    assert_short_atari_run_logged, assert_user_error,
-    assert_videos_show_whole_games_of_env_0, assert_warns_when_bf16_is_slow, capped_cubic_games, read_scalars,
-    recording_make_envs, run_dirs, run_script,
+    assert_short_atari_run_logged,
+    assert_user_error,
+    assert_videos_show_whole_games_of_env_0,
+    assert_warns_when_bf16_is_slow,
+    capped_cubic_games,
+    read_scalars,
+    recording_make_envs,
+    run_dirs,
+    run_script,
 )
-from checkpoints import assert_run_resumes_where_its_checkpoint_left_it
 
 import cleanrl.ppo_atari as ppo_atari
 
@@ -125,8 +135,16 @@ def short_run(tmp_path_factory):
     """One short run for the tests of what a run logs, records, uploads and prints: videos on,
     tracked (wandb offline), a progress line every iteration."""
     cwd = tmp_path_factory.mktemp("short_run")
-    result = run_script("ppo_atari.py", *SHORT_RUN, "--capture-video", "--track", "--progress-interval", "0",
-                        cwd=cwd, env={"WANDB_DIR": str(cwd)})
+    result = run_script(
+        "ppo_atari.py",
+        *SHORT_RUN,
+        "--capture-video",
+        "--track",
+        "--progress-interval",
+        "0",
+        cwd=cwd,
+        env={"WANDB_DIR": str(cwd)},
+    )
     assert result.returncode == 0, result.stderr
     return cwd, result
 

@@ -14,7 +14,6 @@ import sys
 import time
 
 import pytest
-
 from common import FAKE_TRAIN, REPO_ROOT, assert_user_error, is_alive, run_tool, subprocess_environment
 
 FAKE = f"{sys.executable} {FAKE_TRAIN}"
@@ -42,15 +41,22 @@ def start_runner(*args: str, cwd, stdout=subprocess.PIPE, ignored_signals=()):
     # The runner gets a terminal's SIGINT and SIGHUP whatever this process inherited (pytest started
     # in the background by a script ignores SIGINT): set in a small launcher that then execs the
     # runner, which keeps them (a preexec_fn would fork this multithreaded process).
-    dispositions = {int(number): "SIG_IGN" if number in ignored_signals else "SIG_DFL"
-                    for number in (signal.SIGINT, signal.SIGHUP)}
-    launcher = ("import os, signal, sys\n"
-                f"for number, disposition in {dispositions!r}.items():\n"
-                "    signal.signal(number, getattr(signal, disposition))\n"
-                "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+    dispositions = {
+        int(number): "SIG_IGN" if number in ignored_signals else "SIG_DFL" for number in (signal.SIGINT, signal.SIGHUP)
+    }
+    launcher = (
+        "import os, signal, sys\n"
+        f"for number, disposition in {dispositions!r}.items():\n"
+        "    signal.signal(number, getattr(signal, disposition))\n"
+        "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+    )
     return subprocess.Popen(
-        [sys.executable, "-c", launcher, os.path.join(REPO_ROOT, "benchmark", "run.py"), *args], cwd=cwd,
-        env=subprocess_environment(), stdout=stdout, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-c", launcher, os.path.join(REPO_ROOT, "benchmark", "run.py"), *args],
+        cwd=cwd,
+        env=subprocess_environment(),
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -71,12 +77,14 @@ def pids_in(folder) -> list[int]:
 # Local runs
 # ---------------------------------------------------------------------------------------------
 def test_every_env_id_and_seed_runs_once_with_its_flags_appended(tmp_path):
-    result = runner("--env-ids", "Pong", "ALE/Breakout-v5", "--seeds", "1", "2", "--workers", "2",
-                    "--command", FAKE, cwd=tmp_path)
+    result = runner(
+        "--env-ids", "Pong", "ALE/Breakout-v5", "--seeds", "1", "2", "--workers", "2", "--command", FAKE, cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     logs = sorted(os.listdir(tmp_path / "logs"))
     assert logs == [f"{env}__fake_train__{seed}.log" for env in ("ALE_Breakout-v5", "Pong") for seed in (1, 2)] + [
-        "locks"]
+        "locks"
+    ]
     for env_id, seed in [("Pong", 1), ("Pong", 2), ("ALE/Breakout-v5", 1), ("ALE/Breakout-v5", 2)]:
         log = (tmp_path / "logs" / f"{env_id.replace('/', '_')}__fake_train__{seed}.log").read_text()
         assert f"--env-id {env_id} --seed {seed}" in log.splitlines()[0], "the log starts with the command"
@@ -85,8 +93,20 @@ def test_every_env_id_and_seed_runs_once_with_its_flags_appended(tmp_path):
 
 
 def test_failed_runs_are_all_named_in_one_error_line_and_the_exit_is_non_zero(tmp_path):
-    result = runner("--env-ids", "Pong", "Qbert", "--seeds", "1", "2", "3", "--workers", "2",
-                    "--command", f"{FAKE} --fail-seeds 2 3", cwd=tmp_path)
+    result = runner(
+        "--env-ids",
+        "Pong",
+        "Qbert",
+        "--seeds",
+        "1",
+        "2",
+        "3",
+        "--workers",
+        "2",
+        "--command",
+        f"{FAKE} --fail-seeds 2 3",
+        cwd=tmp_path,
+    )
     assert_user_error(result, "4 of 6 runs failed")
     error_line = result.stderr.strip().splitlines()[-1]
     failed = [f"{env}__fake_train__{seed}" for env in ("Pong", "Qbert") for seed in (2, 3)]
@@ -95,8 +115,20 @@ def test_failed_runs_are_all_named_in_one_error_line_and_the_exit_is_non_zero(tm
 
 
 def test_off_a_terminal_progress_comes_as_plain_lines_with_the_latest_sps_and_return(tmp_path):
-    result = runner("--env-ids", "Pong", "--seeds", "1", "2", "--workers", "2", "--status-interval", "0.3",
-                    "--command", f"{FAKE} --iterations 4 --sleep 0.4", cwd=tmp_path)
+    result = runner(
+        "--env-ids",
+        "Pong",
+        "--seeds",
+        "1",
+        "2",
+        "--workers",
+        "2",
+        "--status-interval",
+        "0.3",
+        "--command",
+        f"{FAKE} --iterations 4 --sleep 0.4",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert "\x1b[" not in result.stdout, "no terminal control codes in a log file"
     assert re.search(r"^\[\d\d:\d\d:\d\d\] started Pong__fake_train__1 \(pid \d+", result.stdout, re.M)
@@ -112,8 +144,20 @@ def test_off_a_terminal_progress_comes_as_plain_lines_with_the_latest_sps_and_re
 
 def test_on_a_terminal_a_status_table_is_redrawn_in_place(tmp_path):
     controller, terminal = pty.openpty()
-    process = start_runner("--env-ids", "Pong", "--seeds", "1", "2", "3", "--workers", "2",
-                           "--command", f"{FAKE} --sleep 0.6", cwd=tmp_path, stdout=terminal)
+    process = start_runner(
+        "--env-ids",
+        "Pong",
+        "--seeds",
+        "1",
+        "2",
+        "3",
+        "--workers",
+        "2",
+        "--command",
+        f"{FAKE} --sleep 0.6",
+        cwd=tmp_path,
+        stdout=terminal,
+    )
     os.close(terminal)
     output = b""
     while True:
@@ -135,19 +179,41 @@ def test_on_a_terminal_a_status_table_is_redrawn_in_place(tmp_path):
 
 def test_each_run_gets_cores_divided_by_workers_threads(tmp_path):
     for workers in (1, 2):
-        result = runner("--env-ids", "Pong", "--seeds", "1", "--workers", str(workers), "--log-dir", f"w{workers}",
-                        "--command", FAKE, cwd=tmp_path)
+        result = runner(
+            "--env-ids",
+            "Pong",
+            "--seeds",
+            "1",
+            "--workers",
+            str(workers),
+            "--log-dir",
+            f"w{workers}",
+            "--command",
+            FAKE,
+            cwd=tmp_path,
+        )
         assert result.returncode == 0, result.stderr
         log = (tmp_path / f"w{workers}" / "Pong__fake_train__1.log").read_text()
         assert f"OMP_NUM_THREADS={max(1, CORES // workers)}\n" in log
         # the header names the machine: a study's runs can span machines, and their SPS compare within one
-        assert re.search(rf"^# OMP_NUM_THREADS={max(1, CORES // workers)}, started .* on {re.escape(platform.node())}, ",
-                         log, re.M)
+        assert re.search(
+            rf"^# OMP_NUM_THREADS={max(1, CORES // workers)}, started .* on {re.escape(platform.node())}, ", log, re.M
+        )
 
 
 def test_a_torchrun_command_divides_the_threads_by_its_processes_per_node(tmp_path):
-    result = runner("--env-ids", "Pong", "--seeds", "1", "--workers", "1", "--dry-run",
-                    "--command", "torchrun --standalone --nproc-per-node=2 cleanrl/ppo_atari_multigpu.py", cwd=tmp_path)
+    result = runner(
+        "--env-ids",
+        "Pong",
+        "--seeds",
+        "1",
+        "--workers",
+        "1",
+        "--dry-run",
+        "--command",
+        "torchrun --standalone --nproc-per-node=2 cleanrl/ppo_atari_multigpu.py",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"OMP_NUM_THREADS={max(1, CORES // 2)} torchrun")
 
@@ -159,21 +225,35 @@ def test_a_thread_count_in_the_command_overrides_the_runners(tmp_path):
 
 
 def test_dry_run_prints_every_command_and_runs_nothing(tmp_path):
-    result = runner("--env-ids", "Pong", "Qbert", "--seeds", "1", "2", "--dry-run",
-                    "--command", f"{FAKE} --sleep 100", "python cleanrl/ppo_atari.py --total-timesteps 1000", cwd=tmp_path)
+    result = runner(
+        "--env-ids",
+        "Pong",
+        "Qbert",
+        "--seeds",
+        "1",
+        "2",
+        "--dry-run",
+        "--command",
+        f"{FAKE} --sleep 100",
+        "python cleanrl/ppo_atari.py --total-timesteps 1000",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
     assert len(lines) == 8
     assert lines[0].endswith(f"{FAKE} --sleep 100 --env-id Pong --seed 1  > logs/Pong__fake_train__1.log")
-    assert lines[7].endswith("cleanrl/ppo_atari.py --total-timesteps 1000 --env-id Qbert --seed 2  "
-                             "> logs/Qbert__ppo_atari__2.log")
+    assert lines[7].endswith(
+        "cleanrl/ppo_atari.py --total-timesteps 1000 --env-id Qbert --seed 2  > logs/Qbert__ppo_atari__2.log"
+    )
     assert not (tmp_path / "logs").exists()
 
 
 def test_skip_done_runs_only_what_did_not_finish_and_sets_cut_off_attempts_aside(tmp_path):
     command = f"{FAKE} --tensorboard"
     assert runner("--env-ids", "Pong", "--seeds", "1", "--command", command, cwd=tmp_path).returncode == 0
-    assert runner("--env-ids", "Pong", "--seeds", "2", "--command", f"{command} --fail-seeds 2", cwd=tmp_path).returncode
+    assert runner(
+        "--env-ids", "Pong", "--seeds", "2", "--command", f"{command} --fail-seeds 2", cwd=tmp_path
+    ).returncode
     # an attempt of seed 3 that was cut off (a killed session): a run directory and a log without an exit line
     (tmp_path / "runs" / "Pong__fake_train__3__1700000000").mkdir()
     (tmp_path / "logs" / "Pong__fake_train__3.log").write_text(f"# {command} --env-id Pong --seed 3\n10 steps\n")
@@ -196,8 +276,17 @@ def test_skip_done_runs_only_what_did_not_finish_and_sets_cut_off_attempts_aside
         assert (tmp_path / "logs" / f"Pong__fake_train__{seed}.log").read_text().splitlines()[-1].startswith("# exit 0")
 
     # a different command is another run, even where the names agree
-    dry = runner("--env-ids", "Pong", "--seeds", "1", "--skip-done", "--dry-run", "--command", f"{command} --iterations 5",
-                 cwd=tmp_path)
+    dry = runner(
+        "--env-ids",
+        "Pong",
+        "--seeds",
+        "1",
+        "--skip-done",
+        "--dry-run",
+        "--command",
+        f"{command} --iterations 5",
+        cwd=tmp_path,
+    )
     assert "# done earlier" not in dry.stdout and "--iterations 5 --env-id Pong --seed 1" in dry.stdout
     dry = runner("--env-ids", "Pong", "--seeds", "1", "--skip-done", "--dry-run", "--command", command, cwd=tmp_path)
     assert dry.stdout.startswith("# done earlier, skipped:")
@@ -207,7 +296,9 @@ def test_skip_done_leaves_the_directory_of_a_run_that_resumes_itself(tmp_path):
     # a script with --resume auto goes on from the checkpoint in its run directory: moving it would restart the run
     (tmp_path / "runs" / "Pong__fake_train__1__1700000000").mkdir(parents=True)
     command = f"{FAKE} --resume auto"
-    cut_off = f"# {command} --env-id Pong --seed 1\n# OMP_NUM_THREADS=2, started 2026-12-01 10:00:00\ncheckpoint at 400\n"
+    cut_off = (
+        f"# {command} --env-id Pong --seed 1\n# OMP_NUM_THREADS=2, started 2026-12-01 10:00:00\ncheckpoint at 400\n"
+    )
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "Pong__fake_train__1.log").write_text(cut_off)
     result = runner("--env-ids", "Pong", "--skip-done", "--command", command, cwd=tmp_path)
@@ -237,8 +328,9 @@ def test_bad_input_is_a_one_line_error(tmp_path, arguments, fragment):
 
 
 def test_two_commands_with_their_own_exp_names_both_run(tmp_path):
-    result = runner("--env-ids", "Pong", "--command", f"{FAKE} --exp-name a", f"{FAKE} --exp-name b", "--dry-run",
-                    cwd=tmp_path)
+    result = runner(
+        "--env-ids", "Pong", "--command", f"{FAKE} --exp-name a", f"{FAKE} --exp-name b", "--dry-run", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     assert "logs/Pong__a__1.log" in result.stdout and "logs/Pong__b__1.log" in result.stdout
 
@@ -266,8 +358,19 @@ def test_ctrl_c_stops_every_run_and_every_process_they_started(tmp_path):
     # Each fake run starts a helper in a session of its own, as torchrun does with its workers:
     # stopping the run's process group alone would leave the helpers behind.
     (tmp_path / "pids").mkdir()
-    process = start_runner("--env-ids", "Pong", "--seeds", "1", "2", "3", "--workers", "2",
-                           "--command", f"{FAKE} --sleep 100 --pid-dir pids --spawn-helper", cwd=tmp_path)
+    process = start_runner(
+        "--env-ids",
+        "Pong",
+        "--seeds",
+        "1",
+        "2",
+        "3",
+        "--workers",
+        "2",
+        "--command",
+        f"{FAKE} --sleep 100 --pid-dir pids --spawn-helper",
+        cwd=tmp_path,
+    )
     stderr, _ = interrupt_and_check_nothing_is_left(process, tmp_path / "pids", 4)
     assert stderr.strip().splitlines()[-1] == (
         "error: interrupted: stopped Pong__fake_train__1, Pong__fake_train__2, 1 not started"
@@ -278,16 +381,23 @@ def test_ctrl_c_stops_every_run_and_every_process_they_started(tmp_path):
 @pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_a_scheduler_or_a_closed_terminal_stops_the_runs_as_ctrl_c_does(tmp_path, signal_number):
     (tmp_path / "pids").mkdir()
-    process = start_runner("--env-ids", "Pong", "--command", f"{FAKE} --sleep 100 --pid-dir pids --spawn-helper",
-                           cwd=tmp_path)
+    process = start_runner(
+        "--env-ids", "Pong", "--command", f"{FAKE} --sleep 100 --pid-dir pids --spawn-helper", cwd=tmp_path
+    )
     stderr, _ = interrupt_and_check_nothing_is_left(process, tmp_path / "pids", 2, signal_number)
     assert stderr.strip().splitlines()[-1] == "error: interrupted: stopped Pong__fake_train__1"
 
 
 def test_under_nohup_a_closed_terminal_leaves_the_runs_running(tmp_path):
     (tmp_path / "pids").mkdir()
-    process = start_runner("--env-ids", "Pong", "--command", f"{FAKE} --sleep 100 --pid-dir pids", cwd=tmp_path,
-                           ignored_signals=(signal.SIGHUP,))
+    process = start_runner(
+        "--env-ids",
+        "Pong",
+        "--command",
+        f"{FAKE} --sleep 100 --pid-dir pids",
+        cwd=tmp_path,
+        ignored_signals=(signal.SIGHUP,),
+    )
     wait_for_files(tmp_path / "pids", 1)
     process.send_signal(signal.SIGHUP)
     time.sleep(1)
@@ -299,8 +409,14 @@ def test_a_runner_started_in_the_background_still_stops_its_runs_with_ctrl_c(tmp
     # `nohup bash study.sh &` starts the runner with SIGINT ignored; its runs must not inherit that,
     # or they only die by SIGKILL at the stop timeout (30 s here), their last lines unwritten.
     (tmp_path / "pids").mkdir()
-    process = start_runner("--env-ids", "Pong", "--command", f"{FAKE} --sleep 100 --pid-dir pids", cwd=tmp_path,
-                           ignored_signals=(signal.SIGINT, signal.SIGHUP))
+    process = start_runner(
+        "--env-ids",
+        "Pong",
+        "--command",
+        f"{FAKE} --sleep 100 --pid-dir pids",
+        cwd=tmp_path,
+        ignored_signals=(signal.SIGINT, signal.SIGHUP),
+    )
     _, seconds = interrupt_and_check_nothing_is_left(process, tmp_path / "pids", 1, signal.SIGTERM)
     assert seconds < 10, "the run was killed at the stop timeout instead of stopping on SIGINT"
     assert "KeyboardInterrupt" in (tmp_path / "logs" / "Pong__fake_train__1.log").read_text()
@@ -308,9 +424,17 @@ def test_a_runner_started_in_the_background_still_stops_its_runs_with_ctrl_c(tmp
 
 def test_a_run_that_ignores_ctrl_c_is_killed_after_the_stop_timeout(tmp_path):
     (tmp_path / "pids").mkdir()
-    process = start_runner("--env-ids", "Pong", "--seeds", "1", "--stop-timeout", "1",
-                           "--command", f"{FAKE} --sleep 100 --pid-dir pids --spawn-helper --ignore-sigint",
-                           cwd=tmp_path)
+    process = start_runner(
+        "--env-ids",
+        "Pong",
+        "--seeds",
+        "1",
+        "--stop-timeout",
+        "1",
+        "--command",
+        f"{FAKE} --sleep 100 --pid-dir pids --spawn-helper --ignore-sigint",
+        cwd=tmp_path,
+    )
     _, seconds = interrupt_and_check_nothing_is_left(process, tmp_path / "pids", 2)
     assert seconds < 10
 
@@ -343,21 +467,47 @@ def test_a_run_that_outlived_its_runner_is_not_started_twice(tmp_path):
 def test_ctrl_c_stops_a_torchrun_run_and_its_workers(tmp_path):
     (tmp_path / "pids").mkdir()
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    process = start_runner("--env-ids", "Pong", "--seeds", "1",
-                           "--command", f"{torchrun} --standalone --nproc-per-node=2 {FAKE_TRAIN} --sleep 100 "
-                                        "--pid-dir pids", cwd=tmp_path)
+    process = start_runner(
+        "--env-ids",
+        "Pong",
+        "--seeds",
+        "1",
+        "--command",
+        f"{torchrun} --standalone --nproc-per-node=2 {FAKE_TRAIN} --sleep 100 --pid-dir pids",
+        cwd=tmp_path,
+    )
     interrupt_and_check_nothing_is_left(process, tmp_path / "pids", 2)
 
 
 # ---------------------------------------------------------------------------------------------
 # Slurm
 # ---------------------------------------------------------------------------------------------
-SLURM_ARGS = ["--env-ids", "Pong", "ALE/Breakout-v5", "--seeds", "1", "2", "3", "--slurm", "--job-name", "study",
-              "--partition", "cpu", "--cpus-per-task", "4", "--gpus", "1", "--time", "2:00:00", "--mem", "8G"]
+SLURM_ARGS = [
+    "--env-ids",
+    "Pong",
+    "ALE/Breakout-v5",
+    "--seeds",
+    "1",
+    "2",
+    "3",
+    "--slurm",
+    "--job-name",
+    "study",
+    "--partition",
+    "cpu",
+    "--cpus-per-task",
+    "4",
+    "--gpus",
+    "1",
+    "--time",
+    "2:00:00",
+    "--mem",
+    "8G",
+]
 
 
 def sbatch_options(script: str) -> dict[str, str]:
-    return dict(line[len("#SBATCH --"):].split("=", 1) for line in script.splitlines() if line.startswith("#SBATCH"))
+    return dict(line[len("#SBATCH --") :].split("=", 1) for line in script.splitlines() if line.startswith("#SBATCH"))
 
 
 def test_slurm_script_asks_for_one_array_task_per_env_and_seed_with_the_resources(tmp_path):
@@ -367,8 +517,14 @@ def test_slurm_script_asks_for_one_array_task_per_env_and_seed_with_the_resource
     assert script in result.stdout, "the script is printed"
     assert script.startswith("#!/bin/bash\n")
     assert sbatch_options(script) == {
-        "job-name": "study", "array": "0-5%2", "cpus-per-task": "4", "time": "2:00:00", "mem": "8G",
-        "output": str(tmp_path / "logs" / "study-%A_%a.out"), "partition": "cpu", "gpus": "1",
+        "job-name": "study",
+        "array": "0-5%2",
+        "cpus-per-task": "4",
+        "time": "2:00:00",
+        "mem": "8G",
+        "output": str(tmp_path / "logs" / "study-%A_%a.out"),
+        "partition": "cpu",
+        "gpus": "1",
     }
     assert "{{" not in script
     assert subprocess.run(["bash", "-n", str(tmp_path / "logs" / "study.sbatch")]).returncode == 0
@@ -402,15 +558,17 @@ def test_slurm_array_task_k_runs_the_kth_command_into_its_own_log(tmp_path, task
 def test_slurm_task_of_a_failing_run_fails(tmp_path):
     runner("--env-ids", "Pong", "--seeds", "2", "--slurm", "--command", f"{FAKE} --fail-seeds 2", cwd=tmp_path)
     environment = {**os.environ, "SLURM_ARRAY_TASK_ID": "0", "SLURM_CPUS_PER_TASK": "1"}
-    task_run = subprocess.run(["bash", str(tmp_path / "logs" / "cleanrl.sbatch")], env=environment,
-                              capture_output=True, text=True)
+    task_run = subprocess.run(
+        ["bash", str(tmp_path / "logs" / "cleanrl.sbatch")], env=environment, capture_output=True, text=True
+    )
     assert task_run.returncode == 1
 
 
 def test_slurm_submits_with_sbatch_when_it_is_on_path(tmp_path):
     bin_dir = fake_sbatch(tmp_path / "bin", f'echo "$@" > {tmp_path}/sbatch-args\necho "Submitted batch job 42"')
-    result = runner("--env-ids", "Pong", "--slurm", "--command", FAKE, cwd=tmp_path,
-                    env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    result = runner(
+        "--env-ids", "Pong", "--slurm", "--command", FAKE, cwd=tmp_path, env={"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    )
     assert result.returncode == 0, result.stderr
     assert "Submitted batch job 42" in result.stdout
     assert (tmp_path / "sbatch-args").read_text().strip() == os.path.join("logs", "cleanrl.sbatch")
