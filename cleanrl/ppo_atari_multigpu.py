@@ -58,7 +58,7 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of the wandb project"""
     capture_video: bool = False
-    """if toggled, games 0, 1, 8, 27, ..., then every 1000th, of env 0 of rank 0 are saved as mp4 to `videos/{run_name}/`"""
+    """if toggled, rank 0's env 0's games 0, 1, 8, 27, ..., then every 1000th, are saved to `videos/{run_name}/`"""
     save_model: bool = False
     """if toggled, the model is saved to `runs/{run_name}/{exp_name}.cleanrl_model` and evaluated"""
     eval_checkpoint: str | None = None
@@ -128,7 +128,7 @@ class Args:
     split_every: int = 10
     """with --env-split measured: the iterations of one speed measurement, after which the split may change"""
     split_threshold: float = 0.1
-    """with --env-split measured: the split changes only when predicted to shorten an iteration by more than this fraction"""
+    """with --env-split measured: the split changes only if predicted to shorten an iteration by more than this share"""
 
     # Computed at run time (hidden from the command line: a value given there would be overwritten)
     world_size: tyro.conf.Suppress[int] = 0
@@ -322,26 +322,21 @@ def ppo_loss(newlogprob, entropy, newvalue, logprobs, advantages, returns, value
 # ---------------------------------------------------------------------------------------------
 class CollectiveTime:
     """Seconds this process has spent in collective calls, mostly waiting for the slower processes:
-    `--env-split measured` counts a process's work as its time without them. On a GPU the calls are
-    asynchronous: `cuda_sync` makes the clock wait for the GPU on entry and exit."""
+    `--env-split measured` counts a process's work as its time without them."""
 
-    seconds = 0.0
-    cuda_sync = False
+    seconds, cuda_sync = 0.0, False  # cuda_sync: on a GPU, whose calls return before it has run them
 
 
 def collective(function):
     @functools.wraps(function)
     def timed(*args, **kwargs):
-        if CollectiveTime.cuda_sync:
-            torch.cuda.synchronize()
+        synchronize = torch.cuda.synchronize if CollectiveTime.cuda_sync else lambda: None
+        synchronize()
         start = time.perf_counter()
-        try:
-            result = function(*args, **kwargs)
-            if CollectiveTime.cuda_sync:
-                torch.cuda.synchronize()
-            return result
-        finally:
-            CollectiveTime.seconds += time.perf_counter() - start
+        result = function(*args, **kwargs)
+        synchronize()
+        CollectiveTime.seconds += time.perf_counter() - start
+        return result
 
     return timed
 
@@ -374,22 +369,16 @@ def job_mean(x: torch.Tensor, weight: float) -> torch.Tensor:
 
 
 @collective
-def average_gradients(agent: nn.Module, world_size: int, weight: float | None = None):
+def average_gradients(agent: nn.Module, world_size: int, weight: float):
     """Replaces every gradient by its mean over the processes, weighted by their shares of the minibatch:
     each rank's loss is a mean over its share, so the whole minibatch's gradient is the sum over ranks of
-    (share / minibatch) * gradient; `weight` is this rank's fraction (None: equal shares). One all-reduce of
-    one flat fp32 buffer (fp32 under bf16 autocast too, as the parameters are): as fast as
-    DistributedDataParallel, without its forward() wrapper."""
+    weight * gradient, `weight` the rank's fraction of the minibatch. One all-reduce of one flat fp32 buffer
+    (fp32 under bf16 autocast too): as fast as DistributedDataParallel, without its forward() wrapper."""
     if world_size == 1:
         return
     grads = [p.grad for p in agent.parameters()]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    if weight is None:
-        dist.all_reduce(flat)
-        flat /= world_size
-    else:
-        flat *= weight
-        dist.all_reduce(flat)
+    flat = torch.cat([g.reshape(-1) for g in grads]) * weight
+    dist.all_reduce(flat)
     offset = 0
     for g in grads:
         g.copy_(flat[offset : offset + g.numel()].view(g.shape))
@@ -425,12 +414,13 @@ def main(args: Args):
 
     autocast = torch.autocast(device.type, torch.bfloat16, enabled=args.mixed_precision == "bf16")
 
-    if args.eval_checkpoint is not None:  # no training: rank 0 plays the saved model's games
-        if rank == 0:
-            run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-            writer = start_logging(args, run_name, None)
-            run_evaluation(args, device, writer, run_name)
-            writer.close()
+    if args.eval_checkpoint is not None and rank > 0:  # rank 0 alone plays the saved model's games
+        return
+    if args.eval_checkpoint is not None:  # no training: play the saved model's games
+        run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        writer = start_logging(args, run_name, None)
+        run_evaluation(args, device, writer, run_name)
+        writer.close()
         return
     backend = start_process_group(args, rank, device)
     run_name, checkpoint, run_lock = read_checkpoint_on_rank_0(args, rank)
@@ -501,12 +491,11 @@ def main(args: Args):
             if video is not None:
                 video.step(action[0])
             env0_games += bool(game_over[0])
-            # The env steps of one vector step of the job count as consecutive global steps, in the order
-            # of the job's env index (env_offset + i), so every game is logged at a step of its own.
+            # The env steps of one vector step count as consecutive global steps, env 0 first, so
+            # every game is logged at a step of its own.
             for i, episodic_return, episodic_length in episode_stats.step(reward, game_over):
-                finished_games.append(
-                    (global_step - args.num_envs + env_offset + i + 1, episodic_return, episodic_length)
-                )
+                game_step = global_step - args.num_envs + env_offset + i + 1  # env_offset + i: its index in the job
+                finished_games.append((game_step, episodic_return, episodic_length))
 
         # Rank 0 logs the games of the whole job: every rank's finished games are gathered to it.
         games_played += len(finished_games)
@@ -637,20 +626,14 @@ def process_device(args: Args, local_rank: int) -> torch.device:
     """This process's GPU (cuda:LOCAL_RANK, or the LOCAL_RANK-th of --device-ids), or the CPU."""
     if not (torch.cuda.is_available() and args.cuda):
         return torch.device("cpu")
-    if args.device_ids is not None and len(args.device_ids) <= local_rank:
+    gpus = list(range(torch.cuda.device_count())) if args.device_ids is None else args.device_ids
+    if local_rank >= len(gpus) or gpus[local_rank] >= torch.cuda.device_count():
         fail(
-            f"(rank {os.environ.get('RANK', 0)}) --device-ids lists {len(args.device_ids)} GPUs, fewer than the node's "
-            "processes"
+            f"(rank {os.environ.get('RANK', 0)}) process LOCAL_RANK={local_rank} has no GPU of its own among the node's "
+            f"{torch.cuda.device_count()} (--device-ids {args.device_ids}): start fewer processes per node"
         )
-    gpu = args.device_ids[local_rank] if args.device_ids is not None else local_rank
-    if gpu >= torch.cuda.device_count():
-        fail(
-            f"(rank {os.environ.get('RANK', 0)}) process LOCAL_RANK={local_rank} needs cuda:{gpu} but this node has "
-            f"{torch.cuda.device_count()} GPUs: start fewer processes per node or pass --device-ids"
-        )
-    device = torch.device("cuda", gpu)
-    torch.cuda.set_device(device)
-    return device
+    torch.cuda.set_device(gpus[local_rank])
+    return torch.device("cuda", gpus[local_rank])
 
 
 def start_process_group(args: Args, rank: int, device: torch.device) -> str:
@@ -728,22 +711,14 @@ def rollout_storage(num_steps: int, num_envs: int, device) -> tuple[torch.Tensor
 
 def describe_job(args: Args, split: list[int], rank: int, device, backend: str, env_seed: int):
     if rank == 0:
-        minibatch = per_process(split, args.num_steps / args.num_minibatches)
-        print(
-            f"world size {args.world_size}: {args.num_envs} envs ({per_process(split)} per process), batch "
-            f"{args.batch_size} ({per_process(split, args.num_steps)} per process), minibatch {args.minibatch_size} "
-            f"({minibatch} per process), {args.num_iterations} iterations",
-            flush=True,
-        )
-    # Every rank prints to the output they share: one write with its newline, or another rank's line could
-    # come between the line and its newline.
+        sizes = [f"{args.num_envs} envs", f"batch {args.batch_size}", f"minibatch {args.minibatch_size}"]
+        shares = [per_process(split, factor) for factor in (1, args.num_steps, args.num_steps / args.num_minibatches)]
+        job = ", ".join(f"{size} ({share} per process)" for size, share in zip(sizes, shares))
+        print(f"world size {args.world_size}: {job}, {args.num_iterations} iterations", flush=True)
+    # One write with its newline: the ranks share the output, and another rank's line could come between the two.
     seeds = f"env seeds {env_seed}..{env_seed + split[rank] - 1}"
-    threads = f"{torch.get_num_threads()} threads"
-    print(
-        f"rank {rank}/{args.world_size}: pid {os.getpid()}, {device}, {backend}, {threads}, {seeds}\n",
-        end="",
-        flush=True,
-    )
+    about = f"pid {os.getpid()}, {device}, {backend}, {torch.get_num_threads()} threads, {seeds}"
+    print(f"rank {rank}/{args.world_size}: {about}\n", end="", flush=True)
 
 
 def split_granularity(num_steps: int, num_minibatches: int) -> int:
@@ -774,19 +749,14 @@ def per_process(split: list[int], factor: float = 1) -> str:
     return str(sizes[0]) if len(set(sizes)) == 1 else " + ".join(map(str, sizes))
 
 
-def even_split(num_envs: int, world_size: int, granularity: int) -> list[int]:
-    """Environments per process, as equal as multiples of `granularity` allow."""
-    units = num_envs // granularity
-    return [(units // world_size + (rank < units % world_size)) * granularity for rank in range(world_size)]
-
-
 def first_split(args: Args, checkpoint: dict | None, rank: int) -> list[int]:
-    """The environments of each process at the start: even (as even as the minibatches allow under
-    --env-split measured, which then measures); a resumed measured run on its world size keeps its split."""
+    """The environments of each process at the start: as even as the minibatches allow (under --env-split
+    measured, which then measures, in multiples of the granularity); a resumed measured run on its world
+    size keeps its split."""
+    granularity = split_granularity(args.num_steps, args.num_minibatches)
     if args.env_split == "even":
-        split = [args.num_envs // args.world_size] * args.world_size
-    else:
-        split = even_split(args.num_envs, args.world_size, split_granularity(args.num_steps, args.num_minibatches))
+        granularity = args.num_envs // args.world_size
+    split = balanced_split(args.num_envs, [1.0] * args.world_size, granularity)
     saved = checkpoint["env_split"] if checkpoint is not None else split
     if args.env_split == "measured" and len(saved) == args.world_size:
         split = saved
@@ -815,11 +785,10 @@ def iteration_seconds(split: list[int], seconds_per_env: list[float]) -> float:
 
 
 class EnvSplitter:
-    """--env-split measured: measures this process's busy time per environment and iteration (its iteration
-    time less its time in collective calls, where it waits for the others) over --split-every iterations,
-    each window after one of warm-up (a first iteration pays for start-up and new batch shapes); then moves
-    environments to the faster processes if that is predicted to shorten the job's iteration by more than
-    --split-threshold (noise does not make the split flap)."""
+    """--env-split measured: measures this process's busy seconds per environment and iteration (its time less
+    its time in collective calls, where it waits for the others) over --split-every iterations, each window
+    after one of warm-up (start-up, new batch shapes); then moves environments to the faster processes if
+    that is predicted to shorten the job's iteration by more than --split-threshold (noise does not flap it)."""
 
     def __init__(self, args: Args, device: torch.device):
         self.args, self.busy_seconds, self.measured, self.warming_up = args, 0.0, 0, True
@@ -827,10 +796,8 @@ class EnvSplitter:
         self.clock = (time.perf_counter(), CollectiveTime.seconds)
 
     def next_split(self, split: list[int], iteration: int, rank: int) -> list[int]:
-        """Called at the end of every iteration: the split of the next iteration."""
-        now = (time.perf_counter(), CollectiveTime.seconds)
         if not self.warming_up:
-            self.busy_seconds += (now[0] - self.clock[0]) - (now[1] - self.clock[1])
+            self.busy_seconds += time.perf_counter() - self.clock[0] - (CollectiveTime.seconds - self.clock[1])
             self.measured += 1
         self.warming_up = False
         # No new split after the last iteration: none would use it, and the final checkpoint keeps the last one.
@@ -842,11 +809,14 @@ class EnvSplitter:
             balanced = balanced_split(self.args.num_envs, seconds, granularity)
             before, after = iteration_seconds(split, seconds), iteration_seconds(balanced, seconds)
             if after < (1 - self.args.split_threshold) * before:
+                ms = " / ".join(f"{1000 * s:.0f}" for s in seconds)
+                measured = (
+                    f"measured {ms} ms per env and iteration, predicted iteration {before:.2f} s -> {after:.2f} s"
+                )
                 if rank == 0:
-                    ms = " / ".join(f"{1000 * s:.0f}" for s in seconds)
                     print(
                         f"iteration {iteration}: env split {per_process(split)} -> {per_process(balanced)} per "
-                        f"process: measured {ms} ms per env and iteration, predicted iteration {before:.2f} s -> {after:.2f} s",
+                        f"process: {measured}",
                         flush=True,
                     )
                 split, self.warming_up = balanced, True
