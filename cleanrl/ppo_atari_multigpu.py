@@ -628,10 +628,8 @@ def process_device(args: Args, local_rank: int) -> torch.device:
         return torch.device("cpu")
     gpus = list(range(torch.cuda.device_count())) if args.device_ids is None else args.device_ids
     if local_rank >= len(gpus) or gpus[local_rank] >= torch.cuda.device_count():
-        fail(
-            f"(rank {os.environ.get('RANK', 0)}) process LOCAL_RANK={local_rank} has no GPU of its own among the node's "
-            f"{torch.cuda.device_count()} (--device-ids {args.device_ids}): start fewer processes per node"
-        )
+        gpus_here = f"this node has {torch.cuda.device_count()} GPUs"
+        fail(f"(rank {os.environ.get('RANK', 0)}) LOCAL_RANK {local_rank} has no GPU: {gpus_here} (see --device-ids)")
     torch.cuda.set_device(gpus[local_rank])
     return torch.device("cuda", gpus[local_rank])
 

@@ -13,12 +13,12 @@ from common import REPO_ROOT
 MARK = "# this script"
 
 # Which scripts carry which block. A script that gains a block joins its list.
-ATARI_TORCH = ["ppo_atari.py"]
-WITH_CHECKPOINTS = ["ppo_atari.py"]
+ATARI_TORCH = ["ppo_atari.py", "ppo_atari_multigpu.py"]
+WITH_CHECKPOINTS = ["ppo_atari.py", "ppo_atari_multigpu.py"]
 BLOCKS = {
-    "fail": ["ppo_atari.py"],
-    "start_logging": ["ppo_atari.py"],
-    "Progress": ["ppo_atari.py"],
+    "fail": ["ppo_atari.py", "ppo_atari_multigpu.py"],
+    "start_logging": ["ppo_atari.py", "ppo_atari_multigpu.py"],
+    "Progress": ["ppo_atari.py", "ppo_atari_multigpu.py"],
     "warn_if_bf16_is_slow": ATARI_TORCH,
     "capped_cubic": ATARI_TORCH,
     "VideoRecorder": ATARI_TORCH,
