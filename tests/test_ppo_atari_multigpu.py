@@ -20,10 +20,23 @@ import pytest
 import torch
 from checkpoints import assert_run_resumes_where_its_checkpoint_left_it
 from common import (
-    PPO_TAGS, REPO_ROOT, assert_evaluation_warns_when_emulator_settings_differ, assert_main_fails_with,
-    assert_ppo_loss_matches_reference, assert_rollout_dones_and_rewards, assert_user_error,
-    assert_warns_when_bf16_is_slow, capped_cubic_games, free_port, mp4_frames, rank_lines, read_scalars, run_dirs,
-    run_script, stop, wait_all,
+    PPO_TAGS,
+    REPO_ROOT,
+    assert_evaluation_warns_when_emulator_settings_differ,
+    assert_main_fails_with,
+    assert_ppo_loss_matches_reference,
+    assert_rollout_dones_and_rewards,
+    assert_user_error,
+    assert_warns_when_bf16_is_slow,
+    capped_cubic_games,
+    free_port,
+    mp4_frames,
+    rank_lines,
+    read_scalars,
+    run_dirs,
+    run_script,
+    stop,
+    wait_all,
 )
 
 import cleanrl.ppo_atari as ppo_atari
@@ -73,7 +86,9 @@ def annealed_lr(num_iterations: int, learning_rate: float = 2.5e-4) -> list[floa
 
 def progress_steps(output: str) -> list[str]:
     """The `STEP/TOTAL` of each plain progress line in an output."""
-    return re.findall(r"^([\d,]+/[\d,]+) steps \| [\d,]+ SPS \| return \(last \d+\) \S+ \| ETA \d+:\d\d:\d\d$", output, re.M)
+    return re.findall(
+        r"^([\d,]+/[\d,]+) steps \| [\d,]+ SPS \| return \(last \d+\) \S+ \| ETA \d+:\d\d:\d\d$", output, re.M
+    )
 
 
 @pytest.fixture
@@ -151,7 +166,10 @@ def minibatch_gradients(minibatch: dict, share: slice, mixed_precision: str = "n
             minibatch["obs"][share], minibatch["actions"][share]
         )
     loss, _ = multigpu.ppo_loss(
-        newlogprob, entropy, newvalue, *(minibatch[k][share] for k in ("logprobs", "advantages", "returns", "values")),
+        newlogprob,
+        entropy,
+        newvalue,
+        *(minibatch[k][share] for k in ("logprobs", "advantages", "returns", "values")),
         multigpu.Args(),
     )
     loss.backward()
@@ -200,8 +218,13 @@ def averaged_gradients(tmp_path_factory):
     torch.save(minibatch, folder / "minibatch.pt")
     (folder / "worker.py").write_text(GRADIENT_WORKER)
     command = [TORCHRUN, *TWO_PROCESSES, str(folder / "worker.py"), str(folder / "minibatch.pt"), str(folder)]
-    process = start(command, folder, {"PYTHONPATH": os.pathsep.join([REPO_ROOT, os.path.join(REPO_ROOT, "tests")])},
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = start(
+        command,
+        folder,
+        {"PYTHONPATH": os.pathsep.join([REPO_ROOT, os.path.join(REPO_ROOT, "tests")])},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         output, _ = process.communicate(timeout=180)
     finally:
@@ -249,8 +272,20 @@ def two_process_run(tmp_path_factory):
     videos, a progress line every hour (so: the first and the last)."""
     cwd = tmp_path_factory.mktemp("two_processes")
     result = torchrun(
-        TWO_PROCESSES, *SMALL, "--total-timesteps", str(12 * ITERATION), "--checkpoint-every", "4", "--save-model",
-        "--eval-episodes", "1", "--progress-interval", "3600", "--capture-video", cwd=cwd, timeout=300,
+        TWO_PROCESSES,
+        *SMALL,
+        "--total-timesteps",
+        str(12 * ITERATION),
+        "--checkpoint-every",
+        "4",
+        "--save-model",
+        "--eval-episodes",
+        "1",
+        "--progress-interval",
+        "3600",
+        "--capture-video",
+        cwd=cwd,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return result, cwd
@@ -258,8 +293,10 @@ def two_process_run(tmp_path_factory):
 
 def test_two_processes_run_every_iteration_and_log_every_tag_once_per_iteration(two_process_run):
     result, cwd = two_process_run
-    assert "world size 2: 4 envs (2 per process), batch 128 (64 per process), minibatch 64 (32 per process), " \
-           "12 iterations" in result.stdout
+    assert (
+        "world size 2: 4 envs (2 per process), batch 128 (64 per process), minibatch 64 (32 per process), "
+        "12 iterations" in result.stdout
+    )
     assert "finished 12 iterations, 1536 steps" in result.stdout
     (run_dir,) = run_dirs(cwd)
     scalars = read_scalars(run_dir)
@@ -275,13 +312,19 @@ def test_two_processes_run_every_iteration_and_log_every_tag_once_per_iteration(
 
 def test_every_rank_ends_with_bit_identical_parameters(two_process_run):
     result, cwd = two_process_run
-    digests = {rank: m["digest"] for rank, m in rank_lines(result.stdout, r"rank (?P<rank>\d+): played \d+ games, "
-                                                             r"parameters sha256 (?P<digest>[0-9a-f]+)").items()}
+    digests = {
+        rank: m["digest"]
+        for rank, m in rank_lines(
+            result.stdout,
+            r"rank (?P<rank>\d+): played \d+ games, "
+            r"parameters sha256 (?P<digest>[0-9a-f]+)",
+        ).items()
+    }
     assert sorted(digests) == [0, 1]
     assert digests[0] == digests[1]
     # The ranks print these lines at the same moment to one output: each must stay a line of its own.
     played_lines = [line for line in result.stdout.splitlines() if " played " in line]
-    assert all(re.fullmatch(r"rank \d+: played \d+ games, parameters sha256 [0-9a-f]+", l) for l in played_lines)
+    assert all(re.fullmatch(r"rank \d+: played \d+ games, parameters sha256 [0-9a-f]+", x) for x in played_lines)
     # ... and they are the weights rank 0 saved.
     (model_path,) = (cwd / "runs").glob("*/ppo_atari_multigpu.cleanrl_model")
     saved_agent, _ = multigpu.load_model(str(model_path), torch.device("cpu"))
@@ -314,7 +357,9 @@ def test_logged_games_are_the_games_of_every_rank(two_process_run):
 def test_a_world_size_that_cannot_split_the_environments_names_the_ones_that_can(one_process, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")  # checked before any process group exists
     args = multigpu.Args(num_envs=3, num_steps=32, num_minibatches=2)
-    assert_main_fails_with(one_process.main, args, "3 envs x 32 steps cannot be split over 2 processes", "run on 1 or 3")
+    assert_main_fails_with(
+        one_process.main, args, "3 envs x 32 steps cannot be split over 2 processes", "run on 1 or 3"
+    )
 
 
 def test_resumable_world_sizes_split_the_environments_and_the_minibatches():
@@ -350,14 +395,19 @@ def test_balanced_split_gives_a_twice_faster_process_twice_the_environments():
     # The split minimizes the slowest process's time: no other split of 12 does better.
     seconds = [0.13, 0.29]
     best = min(([n, 12 - n] for n in range(1, 12)), key=lambda split: multigpu.iteration_seconds(split, seconds))
-    assert multigpu.iteration_seconds(multigpu.balanced_split(12, seconds, 1), seconds) == \
-        multigpu.iteration_seconds(best, seconds)
+    assert multigpu.iteration_seconds(multigpu.balanced_split(12, seconds, 1), seconds) == multigpu.iteration_seconds(
+        best, seconds
+    )
 
 
 def test_a_resumed_measured_run_keeps_its_split_on_the_same_world_size_only():
     checkpoint = {"env_split": [3, 1]}
-    for world_size, env_split, expected in [(2, "measured", [3, 1]), (1, "measured", [4]), (2, "even", [2, 2]),
-                                            (3, "measured", [2, 1, 1])]:
+    for world_size, env_split, expected in [
+        (2, "measured", [3, 1]),
+        (1, "measured", [4]),
+        (2, "even", [2, 2]),
+        (3, "measured", [2, 1, 1]),
+    ]:
         args = multigpu.Args(num_envs=4, num_steps=32, num_minibatches=2, env_split=env_split)
         args.world_size = world_size
         assert multigpu.first_split(args, checkpoint, rank=1) == expected, (world_size, env_split)
@@ -386,14 +436,24 @@ def test_resume_with_another_world_size_resplits_the_batch_and_continues_the_ste
     # run learns with), all in one process (--local-num-envs says where they run: it may change).
     same_run = [*SMALL, "--total-timesteps", str(12 * ITERATION), "--checkpoint-every", "4", "--save-model"]
     result = run_script(
-        SCRIPT, *same_run, "--eval-episodes", "1", "--num-envs", "4", "--resume", str(checkpoint),
-        cwd=tmp_path, timeout=180,
+        SCRIPT,
+        *same_run,
+        "--eval-episodes",
+        "1",
+        "--num-envs",
+        "4",
+        "--resume",
+        str(checkpoint),
+        cwd=tmp_path,
+        timeout=180,
     )
     assert result.returncode == 0, result.stderr
     assert re.search(rf"resuming \S+ at step 1,024 from {re.escape(str(checkpoint))}", result.stdout)
     # The resumed run went on from the checkpoint's optimizer: Adam counted every update of the whole run.
     (last,) = (tmp_path / "runs").glob("*/checkpoints/iteration-0000012.pt")
-    assert all(int(state["step"]) == 12 * 2 for state in torch.load(last, weights_only=True)["optimizer"]["state"].values())
+    assert all(
+        int(state["step"]) == 12 * 2 for state in torch.load(last, weights_only=True)["optimizer"]["state"].values()
+    )
     assert "the run's 4 environments (on 2 processes before) are split over 1 process: 4 per process" in result.stdout
     assert "world size 1: 4 envs (4 per process), batch 128" in result.stdout
     assert "finished 12 iterations, 1536 steps" in result.stdout
@@ -421,10 +481,24 @@ def two_node_bf16_run(tmp_path_factory):
     launches = []
     for node_rank in (0, 1):
         cwd = tmp_path_factory.mktemp(f"node{node_rank}")
-        command = [TORCHRUN, "--nnodes=2", "--nproc-per-node=1", f"--node-rank={node_rank}", "--master-addr=127.0.0.1",
-                   f"--master-port={port}", os.path.join(REPO_ROOT, "cleanrl", SCRIPT), *SMALL,
-                   "--total-timesteps", str(3 * ITERATION), "--mixed-precision", "bf16", "--target-kl", "0.0",
-                   "--progress-interval", "0"]
+        command = [
+            TORCHRUN,
+            "--nnodes=2",
+            "--nproc-per-node=1",
+            f"--node-rank={node_rank}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={port}",
+            os.path.join(REPO_ROOT, "cleanrl", SCRIPT),
+            *SMALL,
+            "--total-timesteps",
+            str(3 * ITERATION),
+            "--mixed-precision",
+            "bf16",
+            "--target-kl",
+            "0.0",
+            "--progress-interval",
+            "0",
+        ]
         launches.append((start(command, cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT), cwd))
     return wait_all(launches, timeout=180)
 
@@ -493,9 +567,20 @@ def test_killed_worker_is_restarted_and_the_run_resumes_to_its_full_budget(tmp_p
     # also when a loaded machine makes this test's process late to see the checkpoint line.
     iterations = 30
     command = [
-        TORCHRUN, *launch, "--max-restarts", "1", "--monitor-interval", "0.5",
-        os.path.join(REPO_ROOT, "cleanrl", SCRIPT), *SMALL, "--total-timesteps", str(iterations * ITERATION),
-        "--checkpoint-every", "2", "--resume", "auto",
+        TORCHRUN,
+        *launch,
+        "--max-restarts",
+        "1",
+        "--monitor-interval",
+        "0.5",
+        os.path.join(REPO_ROOT, "cleanrl", SCRIPT),
+        *SMALL,
+        "--total-timesteps",
+        str(iterations * ITERATION),
+        "--checkpoint-every",
+        "2",
+        "--resume",
+        "auto",
     ]
     process = start(command, tmp_path, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     output = Output(process)
@@ -515,7 +600,9 @@ def test_killed_worker_is_restarted_and_the_run_resumes_to_its_full_budget(tmp_p
     first_pids = {int(re.search(rf"rank {r}/2: pid (\d+)", text)[1]) for r in (0, 1)}
     failed = re.search(r"failed \(exitcode: -?\d+\) local_rank: \d \(pid: (\d+)\)", text)
     assert failed and int(failed[1]) in first_pids and victim in first_pids, text
-    assert re.search(r"resuming \S+ at step [\d,]+ from \S+iteration-\d+\.pt", text)  # ... and the restarted workers resumed
+    assert re.search(
+        r"resuming \S+ at step [\d,]+ from \S+iteration-\d+\.pt", text
+    )  # ... and the restarted workers resumed
     pids = re.findall(r"rank 1/2: pid (\d+)", text)
     assert len(pids) == 2 and pids[0] != pids[1]
     assert f"finished {iterations} iterations, {iterations * ITERATION} steps" in text
@@ -534,20 +621,45 @@ def measured_split_run(tmp_path_factory):
     """2 processes, each pinned to its own core, with two busy loops on rank 1's core: rank 1 runs at about
     a third of rank 0's speed, and still at half of it if other jobs load both cores alike. Each loop
     is a session of its own: Linux's autogroup scheduler shares a core between sessions first, and the
-    two loops of one session would take only half of the core together. 16 iterations of 8 envs x 32 steps, --env-split measured every 2 iterations, videos."""
+    two loops of one session would take only half of the core together. 16 iterations of 8 envs x 32 steps,
+    --env-split measured every 2 iterations, videos."""
     cores = sorted(os.sched_getaffinity(0))[:2]
     if len(cores) < 2 or shutil.which("taskset") is None:
         pytest.skip("needs 2 cores and taskset")
     cwd = tmp_path_factory.mktemp("measured_split")
     pin = f'exec taskset -c "$(echo {cores[0]} {cores[1]} | cut -d" " -f$((LOCAL_RANK + 1)))" "$@"'
     command = [
-        TORCHRUN, *TWO_PROCESSES, "--no-python", "sh", "-c", pin, "sh", sys.executable,
-        os.path.join(REPO_ROOT, "cleanrl", SCRIPT), "--num-envs", "8", "--num-steps", "32", "--num-minibatches", "2",
-        "--update-epochs", "1", "--total-timesteps", str(16 * 256), "--env-split", "measured", "--split-every", "2",
-        "--checkpoint-every", "8", "--capture-video",
+        TORCHRUN,
+        *TWO_PROCESSES,
+        "--no-python",
+        "sh",
+        "-c",
+        pin,
+        "sh",
+        sys.executable,
+        os.path.join(REPO_ROOT, "cleanrl", SCRIPT),
+        "--num-envs",
+        "8",
+        "--num-steps",
+        "32",
+        "--num-minibatches",
+        "2",
+        "--update-epochs",
+        "1",
+        "--total-timesteps",
+        str(16 * 256),
+        "--env-split",
+        "measured",
+        "--split-every",
+        "2",
+        "--checkpoint-every",
+        "8",
+        "--capture-video",
     ]
     competitors = [
-        subprocess.Popen(["taskset", "-c", str(cores[1]), sys.executable, "-c", "while True: pass"], start_new_session=True)
+        subprocess.Popen(
+            ["taskset", "-c", str(cores[1]), sys.executable, "-c", "while True: pass"], start_new_session=True
+        )
         for _ in range(2)
     ]
     process = start(command, cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -585,15 +697,19 @@ def test_measured_split_keeps_every_step_game_and_weight_right(measured_split_ru
     scalars = read_scalars(run_dirs(cwd)[0])
     for tag in PPO_TAGS[2:] + ["charts/world_size"]:
         assert steps(scalars, tag) == [256 * i for i in range(1, 17)], tag
-    played = {rank: int(m["games"]) for rank, m in rank_lines(stdout, r"rank (?P<rank>\d+): played (?P<games>\d+) games").items()}
+    played = {
+        rank: int(m["games"])
+        for rank, m in rank_lines(stdout, r"rank (?P<rank>\d+): played (?P<games>\d+) games").items()
+    }
     game_steps = steps(scalars, "charts/episodic_return")
     assert len(game_steps) == played[0] + played[1] and len(set(game_steps)) == len(game_steps)
     digests = set(re.findall(r"parameters sha256 ([0-9a-f]+)", stdout))
     assert len(digests) == 1
     # The checkpoint keeps the split, and rank 0's videos go on after its environments were replaced.
     (checkpoint,) = (cwd / "runs").glob("*/checkpoints/iteration-0000016.pt")
-    assert torch.load(checkpoint, weights_only=True)["env_split"] == [n for _, n in (
-        scalars["charts/local_num_envs/rank_0"][-1], scalars["charts/local_num_envs/rank_1"][-1])]
+    assert torch.load(checkpoint, weights_only=True)["env_split"] == [
+        n for _, n in (scalars["charts/local_num_envs/rank_0"][-1], scalars["charts/local_num_envs/rank_1"][-1])
+    ]
     videos = sorted((cwd / "videos").glob("*/game-*.mp4"))
     assert videos and all(mp4_frames(str(video)).shape[1:] == (210, 160, 3) for video in videos)
 
@@ -604,11 +720,32 @@ def test_nodes_that_join_and_leave_an_elastic_job(tmp_path):
     goes on alone to the end of the run's budget."""
     iterations = 200
     launch = [
-        TORCHRUN, "--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-        "--rdzv-id=elastic-test", "--rdzv-conf=last_call_timeout=1", "--max-restarts=3", "--monitor-interval=0.5",
-        os.path.join(REPO_ROOT, "cleanrl", SCRIPT), "--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2",
-        "--update-epochs", "1", "--total-timesteps", str(iterations * ITERATION), "--checkpoint-every", "5",
-        "--resume", "auto", "--env-split", "measured",
+        TORCHRUN,
+        "--nnodes=1:2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        "--rdzv-id=elastic-test",
+        "--rdzv-conf=last_call_timeout=1",
+        "--max-restarts=3",
+        "--monitor-interval=0.5",
+        os.path.join(REPO_ROOT, "cleanrl", SCRIPT),
+        "--num-envs",
+        "4",
+        "--num-steps",
+        "32",
+        "--num-minibatches",
+        "2",
+        "--update-epochs",
+        "1",
+        "--total-timesteps",
+        str(iterations * ITERATION),
+        "--checkpoint-every",
+        "5",
+        "--resume",
+        "auto",
+        "--env-split",
+        "measured",
     ]
     env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # torch 2.13's shared store cannot grow a job: docs
     popen = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -655,12 +792,14 @@ def test_nodes_that_join_and_leave_an_elastic_job(tmp_path):
         (["--total-timesteps", "100"], "smaller than one batch"),
         (["--local-num-envs", "1", "--num-steps", "4", "--num-minibatches", "4"], "cannot normalize advantages"),
         (["--update-epochs", "0"], "must be positive"),
-    (["--max-episode-steps", "0"], "must be positive"),
-    (["--num-envs", "0"], "must be positive"),
-    (["--env-split", "measured", "--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"],
-     "change --num-envs, --num-steps or --num-minibatches"),
-    (["--split-threshold", "1.5"], "must be at least 0 and below 1"),
-    (["--split-every", "0"], "must be positive"),
+        (["--max-episode-steps", "0"], "must be positive"),
+        (["--num-envs", "0"], "must be positive"),
+        (
+            ["--env-split", "measured", "--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"],
+            "change --num-envs, --num-steps or --num-minibatches",
+        ),
+        (["--split-threshold", "1.5"], "must be at least 0 and below 1"),
+        (["--split-every", "0"], "must be positive"),
     ],
 )
 def test_bad_input_is_a_one_line_error(tmp_path, args, message):
@@ -715,8 +854,15 @@ def test_a_resumed_run_may_change_where_it_runs_and_how_it_is_watched(one_proces
 @pytest.fixture(scope="module")
 def bad_input_under_torchrun(tmp_path_factory):
     return torchrun(
-        TWO_PROCESSES, "--local-num-envs", "3", "--num-steps", "5", "--num-minibatches", "4",
-        cwd=tmp_path_factory.mktemp("bad_input"), timeout=120,
+        TWO_PROCESSES,
+        "--local-num-envs",
+        "3",
+        "--num-steps",
+        "5",
+        "--num-minibatches",
+        "4",
+        cwd=tmp_path_factory.mktemp("bad_input"),
+        timeout=120,
     )
 
 
@@ -847,7 +993,11 @@ def test_destroy_process_group_stops_the_gloo_threads_before_the_interpreter_exi
     # take the GIL and abort the process (SIGABRT, seen under load at the end of a run).
     env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     result = subprocess.run(
-        [sys.executable, "-c", THREADS_AFTER_DESTROY], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", THREADS_AFTER_DESTROY],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**env, **ONE_THREAD, "PYTHONPATH": REPO_ROOT},
     )
     assert result.returncode == 0, result.stderr
@@ -863,8 +1013,17 @@ def test_short_two_process_runs_under_cpu_load_exit_cleanly(tmp_path):
         for attempt in range(2):
             (tmp_path / str(attempt)).mkdir()
             result = torchrun(
-                TWO_PROCESSES, "--local-num-envs", "1", "--num-steps", "16", "--total-timesteps", "32",
-                "--update-epochs", "1", cwd=tmp_path / str(attempt), timeout=100,
+                TWO_PROCESSES,
+                "--local-num-envs",
+                "1",
+                "--num-steps",
+                "16",
+                "--total-timesteps",
+                "32",
+                "--update-epochs",
+                "1",
+                cwd=tmp_path / str(attempt),
+                timeout=100,
             )
             assert result.returncode == 0, result.stdout + result.stderr
             assert "finished 1 iterations, 32 steps" in result.stdout
@@ -880,11 +1039,30 @@ def test_short_two_process_runs_under_cpu_load_exit_cleanly(tmp_path):
 # The flags of CleanRL's ppo_atari_multigpu.py with their defaults (its Args). `backend` (gloo
 # there, auto here) and `device_ids` ([] there, unset here) differ: docs/ppo_atari_multigpu.md says why.
 CLEANRL_DEFAULTS = {
-    "exp_name": "ppo_atari_multigpu", "seed": 1, "torch_deterministic": True, "cuda": True, "track": False,
-    "wandb_project_name": "cleanRL", "wandb_entity": None, "capture_video": False,
-    "env_id": "BreakoutNoFrameskip-v4", "total_timesteps": 10_000_000, "learning_rate": 2.5e-4, "local_num_envs": 8,
-    "num_steps": 128, "anneal_lr": True, "gamma": 0.99, "gae_lambda": 0.95, "num_minibatches": 4, "update_epochs": 4,
-    "norm_adv": True, "clip_coef": 0.1, "clip_vloss": True, "ent_coef": 0.01, "vf_coef": 0.5, "max_grad_norm": 0.5,
+    "exp_name": "ppo_atari_multigpu",
+    "seed": 1,
+    "torch_deterministic": True,
+    "cuda": True,
+    "track": False,
+    "wandb_project_name": "cleanRL",
+    "wandb_entity": None,
+    "capture_video": False,
+    "env_id": "BreakoutNoFrameskip-v4",
+    "total_timesteps": 10_000_000,
+    "learning_rate": 2.5e-4,
+    "local_num_envs": 8,
+    "num_steps": 128,
+    "anneal_lr": True,
+    "gamma": 0.99,
+    "gae_lambda": 0.95,
+    "num_minibatches": 4,
+    "update_epochs": 4,
+    "norm_adv": True,
+    "clip_coef": 0.1,
+    "clip_vloss": True,
+    "ent_coef": 0.01,
+    "vf_coef": 0.5,
+    "max_grad_norm": 0.5,
     "target_kl": None,
 }
 
@@ -911,11 +1089,29 @@ def test_flags_that_differ_from_cleanrl_are_documented():
 def test_cleanrl_invocation_runs(tmp_path):
     # CleanRL's benchmark command for this script, scaled down to one short iteration.
     result = torchrun(
-        ["--standalone", "--nnodes=1", "--nproc_per_node=2"], "--local-num-envs", "2", "--track", "--capture_video",
-        "--env-id", "BreakoutNoFrameskip-v4", "--backend", "gloo", "--num-steps", "32", "--num-minibatches", "2",
-        "--update-epochs", "1", "--total-timesteps", "128", cwd=tmp_path, timeout=180,
+        ["--standalone", "--nnodes=1", "--nproc_per_node=2"],
+        "--local-num-envs",
+        "2",
+        "--track",
+        "--capture_video",
+        "--env-id",
+        "BreakoutNoFrameskip-v4",
+        "--backend",
+        "gloo",
+        "--num-steps",
+        "32",
+        "--num-minibatches",
+        "2",
+        "--update-epochs",
+        "1",
+        "--total-timesteps",
+        "128",
+        cwd=tmp_path,
+        timeout=180,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "world size 2: 4 envs (2 per process)" in result.stdout and "finished 1 iterations, 128 steps" in result.stdout
+    assert (
+        "world size 2: 4 envs (2 per process)" in result.stdout and "finished 1 iterations, 128 steps" in result.stdout
+    )
     assert glob.glob(str(tmp_path / "wandb" / "offline-run-*")), os.listdir(tmp_path)
     assert glob.glob(str(tmp_path / "videos" / "*" / "game-0.mp4"))
