@@ -13,14 +13,30 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
 import torch
+from checkpoints import assert_run_resumes_where_its_checkpoint_left_it
 from common import (
-    PPO_TAGS, REPO_ROOT, assert_evaluation_warns_when_emulator_settings_differ, assert_ppo_loss_matches_reference,
-    assert_rollout_dones_and_rewards, assert_user_error, assert_warns_when_bf16_is_slow, capped_cubic_games,
-    free_port, mp4_frames, rank_lines, read_scalars, run_dirs, run_script, stop, wait_all,
+    PPO_TAGS,
+    REPO_ROOT,
+    assert_evaluation_warns_when_emulator_settings_differ,
+    assert_main_fails_with,
+    assert_ppo_loss_matches_reference,
+    assert_rollout_dones_and_rewards,
+    assert_user_error,
+    assert_warns_when_bf16_is_slow,
+    capped_cubic_games,
+    free_port,
+    mp4_frames,
+    rank_lines,
+    read_scalars,
+    run_dirs,
+    run_script,
+    stop,
+    wait_all,
 )
 
 import cleanrl.ppo_atari as ppo_atari
@@ -70,20 +86,34 @@ def annealed_lr(num_iterations: int, learning_rate: float = 2.5e-4) -> list[floa
 
 def progress_steps(output: str) -> list[str]:
     """The `STEP/TOTAL` of each plain progress line in an output."""
-    return re.findall(r"^([\d,]+/[\d,]+) steps \| [\d,]+ SPS \| return \(last \d+\) \S+ \| ETA \d+:\d\d:\d\d$", output, re.M)
+    return re.findall(
+        r"^([\d,]+/[\d,]+) steps \| [\d,]+ SPS \| return \(last \d+\) \S+ \| ETA \d+:\d\d:\d\d$", output, re.M
+    )
 
 
 @pytest.fixture
-def in_process(tmp_path, monkeypatch):
-    """Runs the script's main in this process, as a job of one process, in tmp_path; ends its process group."""
+def one_process(tmp_path, monkeypatch):
+    """The script's public seams, its main run in this process as a job of one process in tmp_path: each call
+    ends its process group, as the script's entry point does, so that main can run again."""
     monkeypatch.chdir(tmp_path)
     for variable in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_USE_AGENT_STORE"):
         monkeypatch.delenv(variable, raising=False)
-    try:
-        yield multigpu.main
-    finally:
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+
+    def main(args):
+        try:
+            multigpu.main(args)
+        finally:
+            if torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()
+
+    return types.SimpleNamespace(main=main, Args=multigpu.Args, lock_run=multigpu.lock_run)
+
+
+def short_run(one_process, iterations: int, **args) -> str:
+    """A run of one process, 1 env x 32 steps an iteration, with a checkpoint after each; returns its folder."""
+    sizes = dict(num_envs=1, num_steps=32, num_minibatches=2, update_epochs=1, total_timesteps=32 * iterations)
+    one_process.main(multigpu.Args(**sizes, checkpoint_every=1, **args))
+    return max(run_dirs(os.getcwd()), key=os.path.getmtime)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,7 +166,10 @@ def minibatch_gradients(minibatch: dict, share: slice, mixed_precision: str = "n
             minibatch["obs"][share], minibatch["actions"][share]
         )
     loss, _ = multigpu.ppo_loss(
-        newlogprob, entropy, newvalue, *(minibatch[k][share] for k in ("logprobs", "advantages", "returns", "values")),
+        newlogprob,
+        entropy,
+        newvalue,
+        *(minibatch[k][share] for k in ("logprobs", "advantages", "returns", "values")),
         multigpu.Args(),
     )
     loss.backward()
@@ -158,15 +191,15 @@ results = {}
 for precision in ("none", "bf16"):
     agent = minibatch_gradients(minibatch, slice(rank * size, (rank + 1) * size), precision)
     results[f"{precision}, this share alone"] = [p.grad.clone() for p in agent.parameters()]
-    multigpu.average_gradients(agent, world_size)
+    multigpu.average_gradients(agent, world_size, 1 / world_size)
     results[precision] = [p.grad.clone() for p in agent.parameters()]
 # Unequal shares (--env-split measured): 24 and 8 samples, averaged with and without the weights.
 sizes = [24, 8]
 first = sum(sizes[:rank])
-for weight in (sizes[rank] / sum(sizes), None):
+for weight, name in ((sizes[rank] / sum(sizes), "unequal"), (1 / world_size, "unequal, unweighted")):
     agent = minibatch_gradients(minibatch, slice(first, first + sizes[rank]))
     multigpu.average_gradients(agent, world_size, weight)
-    results["unequal" if weight else "unequal, unweighted"] = [p.grad.clone() for p in agent.parameters()]
+    results[name] = [p.grad.clone() for p in agent.parameters()]
 torch.save(results, f"{sys.argv[2]}/rank{rank}.pt")
 dist.destroy_process_group()
 """
@@ -185,8 +218,13 @@ def averaged_gradients(tmp_path_factory):
     torch.save(minibatch, folder / "minibatch.pt")
     (folder / "worker.py").write_text(GRADIENT_WORKER)
     command = [TORCHRUN, *TWO_PROCESSES, str(folder / "worker.py"), str(folder / "minibatch.pt"), str(folder)]
-    process = start(command, folder, {"PYTHONPATH": os.pathsep.join([REPO_ROOT, os.path.join(REPO_ROOT, "tests")])},
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = start(
+        command,
+        folder,
+        {"PYTHONPATH": os.pathsep.join([REPO_ROOT, os.path.join(REPO_ROOT, "tests")])},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         output, _ = process.communicate(timeout=180)
     finally:
@@ -234,8 +272,20 @@ def two_process_run(tmp_path_factory):
     videos, a progress line every hour (so: the first and the last)."""
     cwd = tmp_path_factory.mktemp("two_processes")
     result = torchrun(
-        TWO_PROCESSES, *SMALL, "--total-timesteps", str(12 * ITERATION), "--checkpoint-every", "4", "--save-model",
-        "--eval-episodes", "1", "--progress-interval", "3600", "--capture-video", cwd=cwd, timeout=300,
+        TWO_PROCESSES,
+        *SMALL,
+        "--total-timesteps",
+        str(12 * ITERATION),
+        "--checkpoint-every",
+        "4",
+        "--save-model",
+        "--eval-episodes",
+        "1",
+        "--progress-interval",
+        "3600",
+        "--capture-video",
+        cwd=cwd,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return result, cwd
@@ -243,8 +293,10 @@ def two_process_run(tmp_path_factory):
 
 def test_two_processes_run_every_iteration_and_log_every_tag_once_per_iteration(two_process_run):
     result, cwd = two_process_run
-    assert "world size 2: 4 envs (2 per process), batch 128 (64 per process), minibatch 64 (32 per process), " \
-           "12 iterations" in result.stdout
+    assert (
+        "world size 2: 4 envs (2 per process), batch 128 (64 per process), minibatch 64 (32 per process), "
+        "12 iterations" in result.stdout
+    )
     assert "finished 12 iterations, 1536 steps" in result.stdout
     (run_dir,) = run_dirs(cwd)
     scalars = read_scalars(run_dir)
@@ -260,13 +312,19 @@ def test_two_processes_run_every_iteration_and_log_every_tag_once_per_iteration(
 
 def test_every_rank_ends_with_bit_identical_parameters(two_process_run):
     result, cwd = two_process_run
-    digests = {rank: m["digest"] for rank, m in rank_lines(result.stdout, r"rank (?P<rank>\d+): played \d+ games, "
-                                                             r"parameters sha256 (?P<digest>[0-9a-f]+)").items()}
+    digests = {
+        rank: m["digest"]
+        for rank, m in rank_lines(
+            result.stdout,
+            r"rank (?P<rank>\d+): played \d+ games, "
+            r"parameters sha256 (?P<digest>[0-9a-f]+)",
+        ).items()
+    }
     assert sorted(digests) == [0, 1]
     assert digests[0] == digests[1]
     # The ranks print these lines at the same moment to one output: each must stay a line of its own.
     played_lines = [line for line in result.stdout.splitlines() if " played " in line]
-    assert all(re.fullmatch(r"rank \d+: played \d+ games, parameters sha256 [0-9a-f]+", l) for l in played_lines)
+    assert all(re.fullmatch(r"rank \d+: played \d+ games, parameters sha256 [0-9a-f]+", x) for x in played_lines)
     # ... and they are the weights rank 0 saved.
     (model_path,) = (cwd / "runs").glob("*/ppo_atari_multigpu.cleanrl_model")
     saved_agent, _ = multigpu.load_model(str(model_path), torch.device("cpu"))
@@ -296,9 +354,12 @@ def test_logged_games_are_the_games_of_every_rank(two_process_run):
     assert len(set(game_steps)) == len(game_steps), "every game is logged at a global step of its own"
 
 
-def test_a_fresh_run_with_checkpoints_says_which_world_sizes_can_resume_it(two_process_run):
-    result, _ = two_process_run
-    assert "this run's 4 environments can resume on 1, 2 or 4 processes" in result.stdout
+def test_a_world_size_that_cannot_split_the_environments_names_the_ones_that_can(one_process, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")  # checked before any process group exists
+    args = multigpu.Args(num_envs=3, num_steps=32, num_minibatches=2)
+    assert_main_fails_with(
+        one_process.main, args, "3 envs x 32 steps cannot be split over 2 processes", "run on 1 or 3"
+    )
 
 
 def test_resumable_world_sizes_split_the_environments_and_the_minibatches():
@@ -320,8 +381,9 @@ def test_split_granularity_makes_every_share_divide_into_the_minibatches():
     assert multigpu.split_granularity(128, 4) == 1
     assert multigpu.split_granularity(5, 4) == 4  # 4 envs x 5 steps = 20 samples: 4 minibatches of 5
     assert multigpu.split_granularity(6, 4) == 2
-    assert multigpu.even_split(10, 3, 1) == [4, 3, 3]
-    assert multigpu.even_split(12, 2, 4) == [8, 4]
+    # At the start, processes of equal speed: as even a split as the granularity allows.
+    assert multigpu.balanced_split(10, [1.0] * 3, 1) == [4, 3, 3]
+    assert multigpu.balanced_split(12, [1.0] * 2, 4) == [8, 4]
 
 
 def test_balanced_split_gives_a_twice_faster_process_twice_the_environments():
@@ -333,17 +395,21 @@ def test_balanced_split_gives_a_twice_faster_process_twice_the_environments():
     # The split minimizes the slowest process's time: no other split of 12 does better.
     seconds = [0.13, 0.29]
     best = min(([n, 12 - n] for n in range(1, 12)), key=lambda split: multigpu.iteration_seconds(split, seconds))
-    assert multigpu.iteration_seconds(multigpu.balanced_split(12, seconds, 1), seconds) == \
-        multigpu.iteration_seconds(best, seconds)
+    assert multigpu.iteration_seconds(multigpu.balanced_split(12, seconds, 1), seconds) == multigpu.iteration_seconds(
+        best, seconds
+    )
 
 
 def test_a_resumed_measured_run_keeps_its_split_on_the_same_world_size_only():
-    checkpoint = {"env_split": [3, 1], "args": {"num_envs": 4, "world_size": 2}, "requested_num_envs": 4}
-    for world_size, env_split, expected in [(2, "measured", [3, 1]), (1, "measured", [4]), (2, "even", [2, 2]),
-                                            (3, "measured", [2, 1, 1])]:
+    checkpoint = {"env_split": [3, 1]}
+    for world_size, env_split, expected in [
+        (2, "measured", [3, 1]),
+        (1, "measured", [4]),
+        (2, "even", [2, 2]),
+        (3, "measured", [2, 1, 1]),
+    ]:
         args = multigpu.Args(num_envs=4, num_steps=32, num_minibatches=2, env_split=env_split)
         args.world_size = world_size
-        multigpu.derive_sizes(args)
         assert multigpu.first_split(args, checkpoint, rank=1) == expected, (world_size, env_split)
 
 
@@ -366,18 +432,28 @@ def test_resume_with_another_world_size_resplits_the_batch_and_continues_the_ste
     _, finished = two_process_run
     shutil.copytree(finished / "runs", tmp_path / "runs")
     (checkpoint,) = (tmp_path / "runs").glob("*/checkpoints/iteration-0000008.pt")
-    # One process resumes the 2-process run from iteration 8: the same 4 envs, all in one process.
+    # One process resumes the 2-process run from iteration 8: the same 4 envs (the job's number, which the
+    # run learns with), all in one process (--local-num-envs says where they run: it may change).
+    same_run = [*SMALL, "--total-timesteps", str(12 * ITERATION), "--checkpoint-every", "4", "--save-model"]
     result = run_script(
-        SCRIPT, *SMALL, "--total-timesteps", str(12 * ITERATION), "--resume", str(checkpoint),
-        cwd=tmp_path, timeout=180,
+        SCRIPT,
+        *same_run,
+        "--eval-episodes",
+        "1",
+        "--num-envs",
+        "4",
+        "--resume",
+        str(checkpoint),
+        cwd=tmp_path,
+        timeout=180,
     )
     assert result.returncode == 0, result.stderr
-    # The resumed run holds the checkpoint's weights and optimizer state, bit for bit.
-    saved = torch.load(checkpoint, weights_only=True)
-    restored = re.search(r"iteration 8, weights sha256 (\w+), optimizer sha256 (\w+)", result.stdout)
-    assert restored, result.stdout
-    assert restored[1] == multigpu.tensor_digest(saved["model"].values())
-    assert restored[2] == multigpu.optimizer_digest(saved["optimizer"])
+    assert re.search(rf"resuming \S+ at step 1,024 from {re.escape(str(checkpoint))}", result.stdout)
+    # The resumed run went on from the checkpoint's optimizer: Adam counted every update of the whole run.
+    (last,) = (tmp_path / "runs").glob("*/checkpoints/iteration-0000012.pt")
+    assert all(
+        int(state["step"]) == 12 * 2 for state in torch.load(last, weights_only=True)["optimizer"]["state"].values()
+    )
     assert "the run's 4 environments (on 2 processes before) are split over 1 process: 4 per process" in result.stdout
     assert "world size 1: 4 envs (4 per process), batch 128" in result.stdout
     assert "finished 12 iterations, 1536 steps" in result.stdout
@@ -405,10 +481,24 @@ def two_node_bf16_run(tmp_path_factory):
     launches = []
     for node_rank in (0, 1):
         cwd = tmp_path_factory.mktemp(f"node{node_rank}")
-        command = [TORCHRUN, "--nnodes=2", "--nproc-per-node=1", f"--node-rank={node_rank}", "--master-addr=127.0.0.1",
-                   f"--master-port={port}", os.path.join(REPO_ROOT, "cleanrl", SCRIPT), *SMALL,
-                   "--total-timesteps", str(3 * ITERATION), "--mixed-precision", "bf16", "--target-kl", "0.0",
-                   "--progress-interval", "0"]
+        command = [
+            TORCHRUN,
+            "--nnodes=2",
+            "--nproc-per-node=1",
+            f"--node-rank={node_rank}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={port}",
+            os.path.join(REPO_ROOT, "cleanrl", SCRIPT),
+            *SMALL,
+            "--total-timesteps",
+            str(3 * ITERATION),
+            "--mixed-precision",
+            "bf16",
+            "--target-kl",
+            "0.0",
+            "--progress-interval",
+            "0",
+        ]
         launches.append((start(command, cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT), cwd))
     return wait_all(launches, timeout=180)
 
@@ -477,9 +567,20 @@ def test_killed_worker_is_restarted_and_the_run_resumes_to_its_full_budget(tmp_p
     # also when a loaded machine makes this test's process late to see the checkpoint line.
     iterations = 30
     command = [
-        TORCHRUN, *launch, "--max-restarts", "1", "--monitor-interval", "0.5",
-        os.path.join(REPO_ROOT, "cleanrl", SCRIPT), *SMALL, "--total-timesteps", str(iterations * ITERATION),
-        "--checkpoint-every", "2", "--resume", "auto",
+        TORCHRUN,
+        *launch,
+        "--max-restarts",
+        "1",
+        "--monitor-interval",
+        "0.5",
+        os.path.join(REPO_ROOT, "cleanrl", SCRIPT),
+        *SMALL,
+        "--total-timesteps",
+        str(iterations * ITERATION),
+        "--checkpoint-every",
+        "2",
+        "--resume",
+        "auto",
     ]
     process = start(command, tmp_path, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     output = Output(process)
@@ -499,7 +600,9 @@ def test_killed_worker_is_restarted_and_the_run_resumes_to_its_full_budget(tmp_p
     first_pids = {int(re.search(rf"rank {r}/2: pid (\d+)", text)[1]) for r in (0, 1)}
     failed = re.search(r"failed \(exitcode: -?\d+\) local_rank: \d \(pid: (\d+)\)", text)
     assert failed and int(failed[1]) in first_pids and victim in first_pids, text
-    assert re.search(r"resuming \S+ from \S+iteration-\d+\.pt", text)  # ... and the restarted workers resumed
+    assert re.search(
+        r"resuming \S+ at step [\d,]+ from \S+iteration-\d+\.pt", text
+    )  # ... and the restarted workers resumed
     pids = re.findall(r"rank 1/2: pid (\d+)", text)
     assert len(pids) == 2 and pids[0] != pids[1]
     assert f"finished {iterations} iterations, {iterations * ITERATION} steps" in text
@@ -518,20 +621,45 @@ def measured_split_run(tmp_path_factory):
     """2 processes, each pinned to its own core, with two busy loops on rank 1's core: rank 1 runs at about
     a third of rank 0's speed, and still at half of it if other jobs load both cores alike. Each loop
     is a session of its own: Linux's autogroup scheduler shares a core between sessions first, and the
-    two loops of one session would take only half of the core together. 16 iterations of 8 envs x 32 steps, --env-split measured every 2 iterations, videos."""
+    two loops of one session would take only half of the core together. 16 iterations of 8 envs x 32 steps,
+    --env-split measured every 2 iterations, videos."""
     cores = sorted(os.sched_getaffinity(0))[:2]
     if len(cores) < 2 or shutil.which("taskset") is None:
         pytest.skip("needs 2 cores and taskset")
     cwd = tmp_path_factory.mktemp("measured_split")
     pin = f'exec taskset -c "$(echo {cores[0]} {cores[1]} | cut -d" " -f$((LOCAL_RANK + 1)))" "$@"'
     command = [
-        TORCHRUN, *TWO_PROCESSES, "--no-python", "sh", "-c", pin, "sh", sys.executable,
-        os.path.join(REPO_ROOT, "cleanrl", SCRIPT), "--num-envs", "8", "--num-steps", "32", "--num-minibatches", "2",
-        "--update-epochs", "1", "--total-timesteps", str(16 * 256), "--env-split", "measured", "--split-every", "2",
-        "--checkpoint-every", "8", "--capture-video",
+        TORCHRUN,
+        *TWO_PROCESSES,
+        "--no-python",
+        "sh",
+        "-c",
+        pin,
+        "sh",
+        sys.executable,
+        os.path.join(REPO_ROOT, "cleanrl", SCRIPT),
+        "--num-envs",
+        "8",
+        "--num-steps",
+        "32",
+        "--num-minibatches",
+        "2",
+        "--update-epochs",
+        "1",
+        "--total-timesteps",
+        str(16 * 256),
+        "--env-split",
+        "measured",
+        "--split-every",
+        "2",
+        "--checkpoint-every",
+        "8",
+        "--capture-video",
     ]
     competitors = [
-        subprocess.Popen(["taskset", "-c", str(cores[1]), sys.executable, "-c", "while True: pass"], start_new_session=True)
+        subprocess.Popen(
+            ["taskset", "-c", str(cores[1]), sys.executable, "-c", "while True: pass"], start_new_session=True
+        )
         for _ in range(2)
     ]
     process = start(command, cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -569,15 +697,19 @@ def test_measured_split_keeps_every_step_game_and_weight_right(measured_split_ru
     scalars = read_scalars(run_dirs(cwd)[0])
     for tag in PPO_TAGS[2:] + ["charts/world_size"]:
         assert steps(scalars, tag) == [256 * i for i in range(1, 17)], tag
-    played = {rank: int(m["games"]) for rank, m in rank_lines(stdout, r"rank (?P<rank>\d+): played (?P<games>\d+) games").items()}
+    played = {
+        rank: int(m["games"])
+        for rank, m in rank_lines(stdout, r"rank (?P<rank>\d+): played (?P<games>\d+) games").items()
+    }
     game_steps = steps(scalars, "charts/episodic_return")
     assert len(game_steps) == played[0] + played[1] and len(set(game_steps)) == len(game_steps)
     digests = set(re.findall(r"parameters sha256 ([0-9a-f]+)", stdout))
     assert len(digests) == 1
     # The checkpoint keeps the split, and rank 0's videos go on after its environments were replaced.
     (checkpoint,) = (cwd / "runs").glob("*/checkpoints/iteration-0000016.pt")
-    assert torch.load(checkpoint, weights_only=True)["env_split"] == [n for _, n in (
-        scalars["charts/local_num_envs/rank_0"][-1], scalars["charts/local_num_envs/rank_1"][-1])]
+    assert torch.load(checkpoint, weights_only=True)["env_split"] == [
+        n for _, n in (scalars["charts/local_num_envs/rank_0"][-1], scalars["charts/local_num_envs/rank_1"][-1])
+    ]
     videos = sorted((cwd / "videos").glob("*/game-*.mp4"))
     assert videos and all(mp4_frames(str(video)).shape[1:] == (210, 160, 3) for video in videos)
 
@@ -588,11 +720,32 @@ def test_nodes_that_join_and_leave_an_elastic_job(tmp_path):
     goes on alone to the end of the run's budget."""
     iterations = 200
     launch = [
-        TORCHRUN, "--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-        "--rdzv-id=elastic-test", "--rdzv-conf=last_call_timeout=1", "--max-restarts=3", "--monitor-interval=0.5",
-        os.path.join(REPO_ROOT, "cleanrl", SCRIPT), "--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2",
-        "--update-epochs", "1", "--total-timesteps", str(iterations * ITERATION), "--checkpoint-every", "5",
-        "--resume", "auto", "--env-split", "measured",
+        TORCHRUN,
+        "--nnodes=1:2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        "--rdzv-id=elastic-test",
+        "--rdzv-conf=last_call_timeout=1",
+        "--max-restarts=3",
+        "--monitor-interval=0.5",
+        os.path.join(REPO_ROOT, "cleanrl", SCRIPT),
+        "--num-envs",
+        "4",
+        "--num-steps",
+        "32",
+        "--num-minibatches",
+        "2",
+        "--update-epochs",
+        "1",
+        "--total-timesteps",
+        str(iterations * ITERATION),
+        "--checkpoint-every",
+        "5",
+        "--resume",
+        "auto",
+        "--env-split",
+        "measured",
     ]
     env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # torch 2.13's shared store cannot grow a job: docs
     popen = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -633,18 +786,20 @@ def test_nodes_that_join_and_leave_an_elastic_job(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--local-num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], "not divisible"),
+        (["--local-num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], "3 envs x 5 steps cannot be split"),
         (["--backend", "mpi"], "unknown backend 'mpi'"),
         (["--resume", "missing.pt"], "no such checkpoint file"),
         (["--total-timesteps", "100"], "smaller than one batch"),
         (["--local-num-envs", "1", "--num-steps", "4", "--num-minibatches", "4"], "cannot normalize advantages"),
         (["--update-epochs", "0"], "must be positive"),
-    (["--max-episode-steps", "0"], "must be positive"),
-    (["--num-envs", "0"], "must be positive"),
-    (["--env-split", "measured", "--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"],
-     "must be a multiple of 4"),
-    (["--split-threshold", "1.5"], "must be at least 0 and below 1"),
-    (["--split-every", "0"], "must be positive"),
+        (["--max-episode-steps", "0"], "must be positive"),
+        (["--num-envs", "0"], "must be positive"),
+        (
+            ["--env-split", "measured", "--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"],
+            "change --num-envs, --num-steps or --num-minibatches",
+        ),
+        (["--split-threshold", "1.5"], "must be at least 0 and below 1"),
+        (["--split-every", "0"], "must be positive"),
     ],
 )
 def test_bad_input_is_a_one_line_error(tmp_path, args, message):
@@ -660,11 +815,8 @@ def test_bf16_on_a_cpu_without_bf16_kernels_warns(monkeypatch, capsys):
     assert_warns_when_bf16_is_slow(multigpu, monkeypatch, capsys)
 
 
-def test_evaluation_warns_when_emulator_settings_differ_from_training(tmp_path, monkeypatch, capsys):
-    assert_evaluation_warns_when_emulator_settings_differ(
-        multigpu, lambda args: multigpu.run_evaluation(args, torch.device("cpu"), None, "eval"), [1.0],
-        tmp_path, monkeypatch, capsys,
-    )
+def test_evaluation_warns_when_emulator_settings_differ_from_training(one_process, tmp_path, monkeypatch, capsys):
+    assert_evaluation_warns_when_emulator_settings_differ(multigpu, multigpu.main, [1.0], tmp_path, monkeypatch, capsys)
 
 
 def test_resuming_from_a_saved_model_instead_of_a_checkpoint_is_a_one_line_error(tmp_path):
@@ -673,43 +825,44 @@ def test_resuming_from_a_saved_model_instead_of_a_checkpoint_is_a_one_line_error
     assert_user_error(run_script(SCRIPT, "--resume", path, cwd=tmp_path, timeout=120), "not a readable")
 
 
-def write_checkpoint(folder, run_name="old_run", env0_games=0, **saved_args) -> str:
-    """A checkpoint after the first iteration of a run of one process with the given arguments."""
-    args = multigpu.Args(**saved_args)
-    args.world_size = 1
-    multigpu.derive_sizes(args)
-    agent = multigpu.Agent(4)
-    optimizer = torch.optim.Adam(agent.parameters())
-    rng_states = [multigpu.rng_state(torch.device("cpu"))]
-    return multigpu.save_checkpoint(
-        str(folder), agent, optimizer, 1, args.batch_size, rng_states, env0_games, args, run_name
-    )
+def test_a_resumed_run_restores_its_state_and_goes_on_in_its_directory(one_process, tmp_path, monkeypatch, capsys):
+    # A job of one process: the resume rule, the lock, the checkpoint's contents, as every PPO script's.
+    args = dict(num_envs=2, num_steps=128, num_minibatches=2, update_epochs=1, cuda=False)  # games end
+    assert_run_resumes_where_its_checkpoint_left_it(one_process, tmp_path, monkeypatch, capsys, args)
 
 
-@pytest.mark.parametrize("changed, message", [(["--num-steps", "64"], "num_steps=32"), (["--seed", "2"], "seed=1")])
-def test_resuming_with_other_hyperparameters_or_seed_is_a_one_line_error(tmp_path, changed, message):
-    path = write_checkpoint(tmp_path, local_num_envs=2, num_steps=32)
-    result = run_script(
-        SCRIPT, "--local-num-envs", "2", "--num-steps", "32", *changed, "--resume", path, cwd=tmp_path, timeout=120
-    )
-    assert_user_error(result, message, "resume with the run's arguments")
+@pytest.mark.parametrize("changed", [dict(num_envs=2), dict(seed=2), dict(learning_rate=1e-3), dict(num_steps=64)])
+def test_a_resumed_run_must_learn_with_the_checkpoints_arguments(one_process, changed):
+    checkpoint = os.path.join(short_run(one_process, 2), "checkpoints", "iteration-0000002.pt")
+    name, value = next(iter(changed.items()))
+    sizes = dict(num_envs=1, num_steps=32, num_minibatches=2, update_epochs=1, total_timesteps=64)
+    args = multigpu.Args(**dict(sizes, **changed), resume=checkpoint)
+    assert_main_fails_with(one_process.main, args, f"the checkpoint's run has {name}=", f"this command {value!r}")
 
 
-def test_a_run_that_another_process_holds_cannot_be_resumed_beside_it(tmp_path):
-    folder = tmp_path / "runs" / "old_run" / "checkpoints"
-    path = write_checkpoint(folder, local_num_envs=1, num_steps=32, num_minibatches=2)
-    lock = multigpu.lock_run(str(folder))  # a job still running the run
-    result = run_script(SCRIPT, "--local-num-envs", "1", "--num-steps", "32", "--num-minibatches", "2",
-                        "--resume", path, cwd=tmp_path, timeout=120)
-    lock.close()
-    assert_user_error(result, "checkpoints is in use: another process is running this run")
+def test_a_resumed_run_may_change_where_it_runs_and_how_it_is_watched(one_process, capsys):
+    run_dir = short_run(one_process, 1, local_num_envs=3, env_split="even")
+    capsys.readouterr()
+    where = dict(local_num_envs=5, env_split="measured", split_every=3, split_threshold=0.5, backend="gloo", cuda=False)
+    watched = dict(progress_interval=0.0, eval_episodes=1, checkpoint_every=2)
+    sizes = dict(num_envs=1, num_steps=32, num_minibatches=2, update_epochs=1, total_timesteps=32)
+    one_process.main(multigpu.Args(**sizes, **where, **watched, resume="auto"))
+    assert f"resuming {os.path.basename(run_dir)} at step 32 from " in capsys.readouterr().out
+    assert set(where) | set(watched) <= multigpu.RESUMABLE_CHANGES
 
 
 @pytest.fixture(scope="module")
 def bad_input_under_torchrun(tmp_path_factory):
     return torchrun(
-        TWO_PROCESSES, "--local-num-envs", "3", "--num-steps", "5", "--num-minibatches", "4",
-        cwd=tmp_path_factory.mktemp("bad_input"), timeout=120,
+        TWO_PROCESSES,
+        "--local-num-envs",
+        "3",
+        "--num-steps",
+        "5",
+        "--num-minibatches",
+        "4",
+        cwd=tmp_path_factory.mktemp("bad_input"),
+        timeout=120,
     )
 
 
@@ -718,7 +871,7 @@ def test_bad_input_under_torchrun_stops_every_process_with_one_error_line(bad_in
     assert result.returncode != 0
     output = result.stdout + result.stderr
     assert len(re.findall(r"^error: ", output, re.MULTILINE)) == 1, output
-    assert "not divisible" in output
+    assert "cannot be split over 2 processes" in output
     assert f'{SCRIPT}", line' not in output, "a traceback through the script"
 
 
@@ -726,68 +879,47 @@ def test_torchrun_failure_report_names_the_error_as_root_cause(bad_input_under_t
     report = bad_input_under_torchrun.stderr
     assert "Root Cause (first observed failure):" in report, report
     root_cause = report.split("Root Cause (first observed failure):")[1]
-    message = "error: local_num_envs * num_steps = 15 is not divisible by num_minibatches = 4"
+    message = "error: 6 envs x 5 steps cannot be split over 2 processes into rollouts of 4 whole minibatches"
     assert f"traceback : {message}" in root_cause, root_cause
     assert "To enable traceback" not in report, report
 
 
-def test_a_world_size_that_cannot_split_the_run_stops_every_process_with_one_error_line(tmp_path):
-    path = write_checkpoint(tmp_path, local_num_envs=3, num_steps=32, num_minibatches=2)
-    result = torchrun(
-        TWO_PROCESSES, "--local-num-envs", "3", "--num-steps", "32", "--num-minibatches", "2", "--resume", path,
-        cwd=tmp_path, timeout=120,
-    )
-    assert result.returncode != 0
-    output = result.stdout + result.stderr
-    assert len(re.findall(r"^error: ", output, re.MULTILINE)) == 1, output
-    assert "3 environments cannot be split over 2 processes: resume on 1 or 3 processes" in output
-
-
-def test_resume_auto_help_says_it_picks_the_newest_checkpoint_by_modification_time(tmp_path):
+def test_resume_auto_help_says_it_picks_the_newest_checkpoint_of_the_runs_name(tmp_path):
     result = run_script(SCRIPT, "--help", cwd=tmp_path, timeout=120)
     assert result.returncode == 0
     help_text = " ".join(result.stdout.replace("│", " ").split())
-    assert "the newest by modification time" in help_text and "env_id, exp_name and seed" in help_text, help_text
+    assert "the newest of this env_id, exp_name and seed" in help_text, help_text
 
 
-def test_resume_auto_resumes_the_newest_checkpoint_by_modification_time_and_names_it(tmp_path):
-    # Two runs of the same env id, exp name and seed, each finished after its one iteration; the one
-    # whose name sorts first holds the newer checkpoint.
-    sizes = {"local_num_envs": 1, "num_steps": 32, "num_minibatches": 2, "total_timesteps": 32}
-    prefix = "BreakoutNoFrameskip-v4__ppo_atari_multigpu__1__"
-    older = write_checkpoint(tmp_path / "runs" / f"{prefix}2" / "checkpoints", f"{prefix}2", **sizes)
-    newer = write_checkpoint(tmp_path / "runs" / f"{prefix}1" / "checkpoints", f"{prefix}1", **sizes)
+def test_resume_auto_resumes_the_newest_checkpoint_by_modification_time_and_names_it(one_process, capsys):
+    # Two runs of the same env id, exp name and seed; the one whose name sorts last holds the older checkpoint.
+    newer = os.path.join(short_run(one_process, 1), "checkpoints", "iteration-0000001.pt")
+    older_run = newer.split(os.sep)[-3] + "9"
+    shutil.copytree(os.path.dirname(os.path.dirname(newer)), os.path.join("runs", older_run))
+    older = os.path.join("runs", older_run, "checkpoints", "iteration-0000001.pt")
     os.utime(older, (time.time() - 60, time.time() - 60))
-    result = run_script(
-        SCRIPT, "--local-num-envs", "1", "--num-steps", "32", "--num-minibatches", "2", "--total-timesteps", "32",
-        "--resume", "auto", cwd=tmp_path, timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    relative = os.path.relpath(newer, tmp_path)
-    assert f"--resume auto: {relative}, the newest by modification time of 2 checkpoints of {prefix}*" in result.stdout
-    assert f"resuming {prefix}1 from {relative}: iteration 1" in result.stdout, result.stdout
+    capsys.readouterr()
+    sizes = dict(num_envs=1, num_steps=32, num_minibatches=2, update_epochs=1, total_timesteps=32)
+    one_process.main(multigpu.Args(**sizes, resume="auto"))
+    assert f"at step 32 from {os.path.relpath(newer)}" in capsys.readouterr().out
 
 
-def test_resume_auto_takes_an_exp_name_literally_not_as_a_pattern(tmp_path):
-    sizes = {"local_num_envs": 1, "num_steps": 32, "num_minibatches": 2, "total_timesteps": 32}
-    prefix = "BreakoutNoFrameskip-v4__ppo[1]__1__"  # as a glob pattern, [1] would match "1", not "[1]"
-    write_checkpoint(tmp_path / "runs" / f"{prefix}5" / "checkpoints", f"{prefix}5", exp_name="ppo[1]", **sizes)
-    result = run_script(
-        SCRIPT, "--local-num-envs", "1", "--num-steps", "32", "--num-minibatches", "2", "--total-timesteps", "32",
-        "--exp-name", "ppo[1]", "--resume", "auto", cwd=tmp_path, timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    assert f"resuming {prefix}5 from " in result.stdout, result.stdout
+def test_resume_auto_takes_an_exp_name_literally_not_as_a_pattern(one_process, capsys):
+    run_dir = short_run(one_process, 1, exp_name="ppo[1]")  # as a glob pattern, [1] would match "1", not "[1]"
+    capsys.readouterr()
+    sizes = dict(num_envs=1, num_steps=32, num_minibatches=2, update_epochs=1, total_timesteps=32)
+    one_process.main(multigpu.Args(**sizes, exp_name="ppo[1]", resume="auto"))
+    assert f"resuming {os.path.basename(run_dir)} at step 32 from " in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------------------------------------
 # The rollout: life losses end episodes, time limits are bootstrapped
 # ---------------------------------------------------------------------------------------------
-def test_rollout_ends_episodes_at_life_losses_and_bootstraps_only_time_limits(in_process, monkeypatch):
+def test_rollout_ends_episodes_at_life_losses_and_bootstraps_only_time_limits(one_process, monkeypatch):
     # One iteration of 2 envs x 128 steps with a 60-step time limit: random play loses lives and
     # hits the limit.
     args = multigpu.Args(local_num_envs=2, num_steps=128, total_timesteps=256, max_episode_steps=60)
-    assert_rollout_dones_and_rewards(multigpu, monkeypatch, in_process, args)
+    assert_rollout_dones_and_rewards(multigpu, monkeypatch, one_process.main, args)
 
 
 def test_time_limit_counts_agent_steps():
@@ -829,25 +961,17 @@ def test_checkpoint_counts_the_games_of_env_0_of_rank_0(two_process_run):
     assert torch.load(checkpoint, weights_only=True)["env0_games"] == len(env0_games)
 
 
-def test_a_resumed_run_numbers_its_videos_after_the_checkpoints_games(in_process, tmp_path, monkeypatch):
-    path = write_checkpoint(tmp_path, local_num_envs=1, num_steps=32, num_minibatches=2, total_timesteps=64,
-                            env0_games=5)
-    recorders = []
-
-    class Recorder:  # stands in for the video recorder: what main asks of it
-        def __init__(self, *args, **kwargs):
-            recorders.append(kwargs)
-
-        def step(self, action):
-            pass
-
-        def close(self):
-            pass
-
-    monkeypatch.setattr(multigpu, "VideoRecorder", Recorder)
-    in_process(multigpu.Args(local_num_envs=1, num_steps=32, num_minibatches=2, total_timesteps=64, resume=path,
-                             capture_video=True, update_epochs=1))
-    assert [kwargs["first_game"] for kwargs in recorders] == [5]
+def test_a_resumed_run_numbers_its_videos_after_the_checkpoints_games(one_process):
+    # A run whose env 0 had finished 27 games at its checkpoint: the resumed run's first video is game 27's.
+    run_dir = short_run(one_process, 2)
+    checkpoints = os.path.join(run_dir, "checkpoints")
+    os.remove(os.path.join(checkpoints, "iteration-0000002.pt"))
+    path = os.path.join(checkpoints, "iteration-0000001.pt")
+    torch.save(dict(torch.load(path, weights_only=True), env0_games=27), path)
+    sizes = dict(num_envs=1, num_steps=32, num_minibatches=2, update_epochs=1, total_timesteps=64)
+    one_process.main(multigpu.Args(**sizes, checkpoint_every=1, resume="auto", capture_video=True))
+    videos = sorted(os.listdir(os.path.join("videos", os.path.basename(run_dir))))
+    assert videos == ["game-27.mp4"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -869,7 +993,11 @@ def test_destroy_process_group_stops_the_gloo_threads_before_the_interpreter_exi
     # take the GIL and abort the process (SIGABRT, seen under load at the end of a run).
     env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     result = subprocess.run(
-        [sys.executable, "-c", THREADS_AFTER_DESTROY], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", THREADS_AFTER_DESTROY],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**env, **ONE_THREAD, "PYTHONPATH": REPO_ROOT},
     )
     assert result.returncode == 0, result.stderr
@@ -885,8 +1013,17 @@ def test_short_two_process_runs_under_cpu_load_exit_cleanly(tmp_path):
         for attempt in range(2):
             (tmp_path / str(attempt)).mkdir()
             result = torchrun(
-                TWO_PROCESSES, "--local-num-envs", "1", "--num-steps", "16", "--total-timesteps", "32",
-                "--update-epochs", "1", cwd=tmp_path / str(attempt), timeout=100,
+                TWO_PROCESSES,
+                "--local-num-envs",
+                "1",
+                "--num-steps",
+                "16",
+                "--total-timesteps",
+                "32",
+                "--update-epochs",
+                "1",
+                cwd=tmp_path / str(attempt),
+                timeout=100,
             )
             assert result.returncode == 0, result.stdout + result.stderr
             assert "finished 1 iterations, 32 steps" in result.stdout
@@ -902,11 +1039,30 @@ def test_short_two_process_runs_under_cpu_load_exit_cleanly(tmp_path):
 # The flags of CleanRL's ppo_atari_multigpu.py with their defaults (its Args). `backend` (gloo
 # there, auto here) and `device_ids` ([] there, unset here) differ: docs/ppo_atari_multigpu.md says why.
 CLEANRL_DEFAULTS = {
-    "exp_name": "ppo_atari_multigpu", "seed": 1, "torch_deterministic": True, "cuda": True, "track": False,
-    "wandb_project_name": "cleanRL", "wandb_entity": None, "capture_video": False,
-    "env_id": "BreakoutNoFrameskip-v4", "total_timesteps": 10_000_000, "learning_rate": 2.5e-4, "local_num_envs": 8,
-    "num_steps": 128, "anneal_lr": True, "gamma": 0.99, "gae_lambda": 0.95, "num_minibatches": 4, "update_epochs": 4,
-    "norm_adv": True, "clip_coef": 0.1, "clip_vloss": True, "ent_coef": 0.01, "vf_coef": 0.5, "max_grad_norm": 0.5,
+    "exp_name": "ppo_atari_multigpu",
+    "seed": 1,
+    "torch_deterministic": True,
+    "cuda": True,
+    "track": False,
+    "wandb_project_name": "cleanRL",
+    "wandb_entity": None,
+    "capture_video": False,
+    "env_id": "BreakoutNoFrameskip-v4",
+    "total_timesteps": 10_000_000,
+    "learning_rate": 2.5e-4,
+    "local_num_envs": 8,
+    "num_steps": 128,
+    "anneal_lr": True,
+    "gamma": 0.99,
+    "gae_lambda": 0.95,
+    "num_minibatches": 4,
+    "update_epochs": 4,
+    "norm_adv": True,
+    "clip_coef": 0.1,
+    "clip_vloss": True,
+    "ent_coef": 0.01,
+    "vf_coef": 0.5,
+    "max_grad_norm": 0.5,
     "target_kl": None,
 }
 
@@ -933,11 +1089,29 @@ def test_flags_that_differ_from_cleanrl_are_documented():
 def test_cleanrl_invocation_runs(tmp_path):
     # CleanRL's benchmark command for this script, scaled down to one short iteration.
     result = torchrun(
-        ["--standalone", "--nnodes=1", "--nproc_per_node=2"], "--local-num-envs", "2", "--track", "--capture_video",
-        "--env-id", "BreakoutNoFrameskip-v4", "--backend", "gloo", "--num-steps", "32", "--num-minibatches", "2",
-        "--update-epochs", "1", "--total-timesteps", "128", cwd=tmp_path, timeout=180,
+        ["--standalone", "--nnodes=1", "--nproc_per_node=2"],
+        "--local-num-envs",
+        "2",
+        "--track",
+        "--capture_video",
+        "--env-id",
+        "BreakoutNoFrameskip-v4",
+        "--backend",
+        "gloo",
+        "--num-steps",
+        "32",
+        "--num-minibatches",
+        "2",
+        "--update-epochs",
+        "1",
+        "--total-timesteps",
+        "128",
+        cwd=tmp_path,
+        timeout=180,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "world size 2: 4 envs (2 per process)" in result.stdout and "finished 1 iterations, 128 steps" in result.stdout
+    assert (
+        "world size 2: 4 envs (2 per process)" in result.stdout and "finished 1 iterations, 128 steps" in result.stdout
+    )
     assert glob.glob(str(tmp_path / "wandb" / "offline-run-*")), os.listdir(tmp_path)
     assert glob.glob(str(tmp_path / "videos" / "*" / "game-0.mp4"))
