@@ -723,9 +723,9 @@ def test_a_job_killed_after_a_checkpoint_resumes_its_run_when_batch_runs_it_agai
         timeout=300,
     )
     assert second.returncode == 0, second.stdout + second.stderr
-    resumed = re.search(r"resuming (\S+) from (\S+): iteration (\d+)", second.stdout)
+    resumed = re.search(r"resuming (\S+) at step ([\d,]+) from (\S+)", second.stdout)
     assert resumed and resumed[1] == os.path.basename(run_dir), second.stdout
-    assert 2 <= int(resumed[3]) < 12
+    assert 2 <= int(resumed[2].replace(",", "")) // 32 < 12, "from a checkpoint of iteration 2 to 11"
     assert re.search(r"^finished\b.*\b384 steps", second.stdout, re.MULTILINE), second.stdout
     assert run_dirs(cwd) == [run_dir]  # the same run, not a new one
     assert [step for step, _ in read_scalars(run_dir)["charts/SPS"]] == [32 * i for i in range(1, 13)]
