@@ -26,11 +26,13 @@ PPO = f"{sys.executable} {os.path.join(REPO_ROOT, 'cleanrl', 'ppo.py')}"
 TINY = f"{PPO} --total-timesteps 2048"  # 4 iterations of 4 envs x 128 steps: a few seconds with start-up
 # Fast reads of the runs' events, no periodic status lines, and the returns of the last 20 games.
 QUICK = ["--window", "20", "--report-every", "512", "--read-interval", "1", "--status-interval", "1000"]
-# Trials 0 and 1 learn (seed 1: returns of about 22, 25, 35, 43 at steps 512 to 2,048); trial 2 has
-# learning rate 0 and stays at random play's 22 or so: once a good trial is complete, the median
-# pruner (after 1 complete trial) must stop it at step 1,024 or 1,536, before its end.
+# The study's runs are longer (32 iterations): a run writes its events in blocks, and a run of 4
+# iterations on a fast machine ends before the tuner can read its second report. Trials 0 and 1 learn;
+# trial 2 has learning rate 0 and stays at random play's 22 or so: once a good trial is complete, the
+# median pruner (after 1 complete trial) must stop it at one of its first reports, long before its end.
+PRUNABLE = f"{PPO} --total-timesteps 16384"
 STUDY = [
-    "--command", TINY,
+    "--command", PRUNABLE,
     *"--env-ids CartPole-v1 --param learning-rate=float:0:0.01 --pruner-startup-trials 1 --workers 2".split(),
     *"--enqueue learning-rate=0.0025 --enqueue learning-rate=0.003 --enqueue learning-rate=0".split(),
     *QUICK,
@@ -78,7 +80,7 @@ def test_two_trials_ran_at_once_each_with_its_share_of_the_cores(tiny_study):
     threads = max(1, len(os.sched_getaffinity(0)) // 2)
     log = (cwd / "logs" / "CartPole-v1__ppo-CartPole-v1-trial0__1.log").read_text()
     assert log.startswith(
-        f"# {TINY} --learning-rate 0.0025 --exp-name ppo-CartPole-v1-trial0 --env-id CartPole-v1 "
+        f"# {PRUNABLE} --learning-rate 0.0025 --exp-name ppo-CartPole-v1-trial0 --env-id CartPole-v1 "
         f"--seed 1\n# OMP_NUM_THREADS={threads}, started "
     )
     assert log.splitlines()[-1].startswith("# exit 0 after "), "the runner's exit line ends the log"
@@ -88,7 +90,7 @@ def test_the_pruned_trial_was_stopped_midway_and_its_run_is_kept_and_marked(tiny
     cwd, _ = tiny_study
     log = (cwd / "logs" / "CartPole-v1__ppo-CartPole-v1-trial2__1.log").read_text()
     assert "KeyboardInterrupt" in log, "stopped like a Ctrl-C"
-    assert "finished 4 iterations" not in log, "it did not run to its end"
+    assert "finished 32 iterations" not in log, "it did not run to its end"
     assert re.search(r"# pruned by benchmark/tune.py at step \d+ \(trial 2 of ppo-CartPole-v1\)\n$", log)
     (run_dir,) = (cwd / "runs").glob("CartPole-v1__ppo-CartPole-v1-trial2__1__*")
     assert (run_dir / "PRUNED").read_text().startswith("pruned by benchmark/tune.py at step ")
@@ -106,7 +108,7 @@ def test_the_results_give_the_best_trials_the_command_and_optunas_figures(tiny_s
     assert rows[0].startswith(f"| {best.number} | {best.value:.4g} ± 0 | {best.params['learning-rate']:.4g} |")
     assert len(rows) == 2, "the pruned trial has no row"
     assert (
-        f"python benchmark/run.py --env-ids CartPole-v1 --seeds 1 --command '{TINY} --learning-rate "
+        f"python benchmark/run.py --env-ids CartPole-v1 --seeds 1 --command '{PRUNABLE} --learning-rate "
         f"{best.params['learning-rate']}'"
     ) in results
     for figure in ("optimization_history", "param_importances", "parallel_coordinate", "intermediate_values"):
@@ -132,7 +134,7 @@ def test_the_same_command_again_continues_the_study_and_runs_no_trial_twice(tiny
 def test_a_study_is_not_continued_with_another_command(tiny_study):
     cwd, _ = tiny_study
     other = [*STUDY, "--n-trials", "5"]
-    other[other.index("--env-ids") - 1] = f"{TINY} --num-envs 2"
+    other[other.index("--env-ids") - 1] = f"{PRUNABLE} --num-envs 2"
     assert_user_error(
         tuner(*other, cwd=cwd),
         "study ppo-CartPole-v1 was made with another command",
