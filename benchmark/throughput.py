@@ -69,7 +69,7 @@ def measure_env(script: str, env_id: str, num_envs: int, num_steps: int) -> floa
     if script == "ppo_atari":
         envs = module.make_envs(env_id, num_envs, 0.0)
     else:
-        envs = module.make_envs(env_id, num_envs, 0.0, seed=0)
+        envs = module.make_envs(env_id, num_envs, 0.0, seed=0, max_episode_steps=27_000)
     envs.reset()
     num_actions = int(envs.single_action_space.n)
     if script == JAX_SCRIPT:
