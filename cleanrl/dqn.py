@@ -53,7 +53,7 @@ class Args:
     eval_epsilon: float = 0.05
     """the exploration rate of the evaluation's epsilon-greedy policy"""
     progress_interval: float = 30.0
-    """seconds between plain progress lines when stderr is not a terminal (log files, Slurm, nohup)"""
+    """the minimum seconds between two progress lines on stderr (the first and the last always print)"""
 
     # Environment
     env_id: str = "CartPole-v1"
@@ -120,8 +120,7 @@ def real_next_obs(next_obs: np.ndarray, infos: dict, episode_done: np.ndarray) -
     if not episode_done.any():
         return next_obs
     real = next_obs.copy()
-    for i in np.flatnonzero(episode_done):
-        real[i] = infos["final_obs"][i]
+    real[episode_done] = np.stack(infos["final_obs"][episode_done])
     return real
 
 
@@ -172,10 +171,8 @@ class ReplayBuffer:
 
     def sample(self, batch_size: int, rng: np.random.Generator, device) -> dict[str, torch.Tensor]:
         rows = rng.integers(0, self.count, size=batch_size)  # uniform with replacement, as the original DQN
-        fields = dict(
-            obs=self.obs, actions=self.actions, rewards=self.rewards, next_obs=self.next_obs, dones=self.dones
-        )
-        return {name: torch.from_numpy(array[rows]).to(device) for name, array in fields.items()}
+        fields = ("obs", "actions", "rewards", "next_obs", "dones")
+        return {name: torch.from_numpy(getattr(self, name)[rows]).to(device) for name in fields}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,9 +253,7 @@ def main(args: Args):
         run_name = f"{env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
         writer = start_logging(args, run_name, None)
         evaluate_episodes(args, device, writer, run_name, q_network, env_id)
-        writer.close()
-        upload_videos(args, run_name)
-        return
+        return finish_logging(args, writer, run_name)
     run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     try:
         envs = make_envs(args.env_id, args.num_envs, args.capture_video, run_name)
@@ -282,12 +277,11 @@ def main(args: Args):
     rng = np.random.default_rng(args.seed)  # the exploration and the memory's sampling
 
     episode_stats = EpisodeStatistics(args.num_envs)
-    recent_returns = deque(maxlen=20)
     num_vector_steps = args.total_timesteps // args.num_envs
     total_steps = num_vector_steps * args.num_envs
     progress = Progress(total_steps, args.progress_interval)
     exploration_steps = args.exploration_fraction * args.total_timesteps
-    global_step, num_updates = 0, 0
+    global_step, num_updates, recent_returns = 0, 0, deque(maxlen=20)
     window = []  # (TD loss, mean Q(s, a)) of the updates since the last log point
     start_time = time.time()
 
@@ -336,7 +330,6 @@ def main(args: Args):
                 window.clear()
             progress.show(global_step, sps, recent_returns)
 
-    progress.close()
     recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
     print(
         f"finished {global_step} steps and {num_updates} updates, {sps} SPS, "
@@ -348,14 +341,12 @@ def main(args: Args):
         save_model(model_path, q_network, args)
         print(f"model saved to {model_path}")
         evaluate_episodes(args, device, writer, run_name, q_network, args.env_id)
-    writer.close()
-    upload_videos(args, run_name)
+    finish_logging(args, writer, run_name)
 
 
 # =============================================================================================
 # Run infrastructure: what makes a run watchable and reusable; not the algorithm. Each block is the
-# same text in every script that has it (tests/test_blocks.py holds the copies equal), but for the
-# lines that end in `# this script`. Design notes: docs/design.md
+# same text in every script that has it (tests/test_blocks.py), but for lines marked `# this script`.
 # =============================================================================================
 def fail(message: str):
     """A user error: one line naming the problem, a non-zero exit, no traceback."""
@@ -374,10 +365,6 @@ def check_args(args: Args):
         fail(f"--tau must lie in (0, 1], got {args.tau}")
     if args.buffer_size < args.num_envs:  # one vector step would overwrite its own transitions
         fail(f"--buffer-size {args.buffer_size} is smaller than one step of the {args.num_envs} envs")
-    try:
-        gym.spec(args.env_id)  # an unknown env id fails here, before anything is written
-    except gym.error.Error as e:
-        fail(f"cannot make environment {args.env_id!r}: {e}")
     if args.eval_checkpoint is not None:
         return
     if args.total_timesteps < args.num_envs:
@@ -405,29 +392,20 @@ def start_logging(args: Args, run_name: str, checkpoint: dict | None) -> Summary
 
 
 class Progress:
-    """How far the run is, for whoever reads its output: a live line on a terminal; elsewhere (a log
-    file, Slurm, nohup, a container) a plain line at most every `interval` seconds, and always the
-    first and the last one."""
+    """Plain progress lines on stderr, alike on a terminal and in a log file (Slurm, nohup, a container):
+    at most one every `interval` seconds, and always the first and the last one."""
 
     def __init__(self, total_steps: int, interval: float):
         self.total, self.interval, self.last_print = total_steps, interval, -float("inf")
-        self.on_terminal = sys.stderr.isatty()
 
     def show(self, global_step: int, sps: int, recent_returns: deque):
-        now = time.time()
-        if not self.on_terminal and now - self.last_print < self.interval and global_step < self.total:
+        if time.time() - self.last_print < self.interval and global_step < self.total:
             return
-        self.last_print = now
+        self.last_print = time.time()
         recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
-        eta = int((self.total - global_step) / max(sps, 1))
+        eta = (self.total - global_step) // max(sps, 1)
         line = f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
-        line += f" | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
-        print(f"\r{line}   " if self.on_terminal else line, end="" if self.on_terminal else None, file=sys.stderr)
-        sys.stderr.flush()
-
-    def close(self):
-        if self.on_terminal:
-            print(file=sys.stderr)
+        print(f"{line} | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}", file=sys.stderr, flush=True)
 
 
 def save_model(path: str, agent: nn.Module, args: Args):
@@ -459,12 +437,7 @@ def play_episodes(q_network, env_id: str, num_episodes: int, device, epsilon: fl
         obs, _ = env.reset(seed=seed + episode)
         episode_return, done = 0.0, False
         while not done:
-            if rng.random() < epsilon:
-                action = int(rng.integers(env.action_space.n))
-            else:
-                with torch.no_grad():
-                    q_values = q_network(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
-                action = int(q_values.argmax(dim=1).item())
+            action = int(epsilon_greedy(q_network, obs[None], epsilon, int(env.action_space.n), rng, device)[0])
             obs, reward, terminated, truncated, _ = env.step(action)
             episode_return += float(reward)
             done = terminated or truncated
@@ -484,12 +457,16 @@ def evaluate_episodes(args: Args, device, writer: SummaryWriter, run_name: str, 
     return returns
 
 
-def upload_videos(args: Args, run_name: str):
-    # By hand: wandb's monitor_gym patch breaks on gymnasium 1.x's RecordVideo.
+def finish_logging(args: Args, writer: SummaryWriter, run_name: str):
+    """Closes the run's TensorBoard events; under --track, uploads its videos (training and evaluation) to
+    wandb, by hand: wandb's monitor_gym breaks on gymnasium 1.x's RecordVideo."""
+    writer.close()
     if args.track and args.capture_video:
         import wandb
 
-        wandb.save(f"videos/{run_name}*/*.mp4", policy="now")
+        for folder in (f"videos/{run_name}", f"videos/{run_name}-eval"):
+            if os.path.isdir(folder):
+                wandb.save(f"{folder}/*.mp4", policy="now")
 
 
 if __name__ == "__main__":

@@ -13,13 +13,12 @@ import fcntl
 import glob
 import hashlib
 import os
-import queue
 import random
 import sys
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 
 import ale_py
 import gymnasium as gym
@@ -61,7 +60,7 @@ class Args:
     eval_epsilon: float = 0.05
     """the exploration rate of the evaluation's epsilon-greedy policy"""
     progress_interval: float = 30.0
-    """seconds between plain progress lines when stderr is not a terminal (log files, Slurm, nohup)"""
+    """the minimum seconds between two progress lines on stderr (the first and the last always print)"""
     checkpoint_every: int = 0
     """write a checkpoint to `runs/{run_name}/checkpoints/` every K env steps and at the end (0: never);
     only the newest is kept: it holds the replay memory, up to 7 GB"""
@@ -207,8 +206,7 @@ class FrameReplayBuffer:
     def _write(self, envs: np.ndarray, slots: np.ndarray, frames: np.ndarray, first: bool):
         self.frames[envs, slots] = frames
         self.first[envs, slots] = first
-        self.valid[envs, slots] = False
-        for k in range(1, self.stack):  # the slots just after this one are now the oldest: their stacks reached it
+        for k in range(self.stack):  # this slot, and the next ones: now the oldest, their stacks reached it
             self.valid[envs, (slots + k) % self.slots] = False
         self.used = max(self.used, min(int(slots.max()) + 1, self.slots))
 
@@ -240,10 +238,8 @@ class FrameReplayBuffer:
     def state_dict(self) -> dict:
         """The written slots, one tensor per env that shares its storage (no copy). Not one tensor of all
         envs: a strided view, of which torch.save writes the whole storage span, unwritten slots included."""
-        envs = range(self.num_envs)
-        state = {
-            name: [torch.from_numpy(getattr(self, name)[e, : self.used]) for e in envs] for name in self.SLOT_ARRAYS
-        }
+        written = {name: getattr(self, name)[:, : self.used] for name in self.SLOT_ARRAYS}
+        state = {name: [torch.from_numpy(env_slots) for env_slots in array] for name, array in written.items()}
         return {**state, "pos": torch.from_numpy(self.pos), "used": self.used}
 
     def load_state_dict(self, state: dict):
@@ -286,18 +282,9 @@ class QNetwork(nn.Module):
 
     def __init__(self, num_actions: int):
         super().__init__()
-        self.network = nn.Sequential(
-            nn.Conv2d(4, 32, 8, stride=4),
-            nn.ReLU(),
-            nn.Conv2d(32, 64, 4, stride=2),
-            nn.ReLU(),
-            nn.Conv2d(64, 64, 3, stride=1),
-            nn.ReLU(),
-            nn.Flatten(),
-            nn.Linear(64 * 7 * 7, 512),
-            nn.ReLU(),
-            nn.Linear(512, num_actions),
-        )
+        convs = [nn.Conv2d(4, 32, 8, stride=4), nn.Conv2d(32, 64, 4, stride=2), nn.Conv2d(64, 64, 3, stride=1)]
+        head = [nn.Flatten(), nn.Linear(64 * 7 * 7, 512), nn.ReLU(), nn.Linear(512, num_actions)]
+        self.network = nn.Sequential(*[layer for conv in convs for layer in (conv, nn.ReLU())], *head)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         # obs: (batch, 4, 84, 84) uint8. Channels-last lets the conv kernels run without layout
@@ -464,12 +451,11 @@ def main(args: Args):
             writer.flush()  # everything up to this checkpoint is on disk before it counts
             state = dict(model=q_network.state_dict(), target_network=target_network.state_dict())
             state.update(optimizer=optimizer.state_dict(), replay_memory=rb.state_dict(), num_updates=num_updates)
-            state.update(global_step=global_step, env0_games=env0_games, recent_returns=list(recent_returns))
             state.update(numpy_rng=rng.bit_generator.state)
+            state.update(global_step=global_step, env0_games=env0_games, recent_returns=list(recent_returns))
             # keep=1: a checkpoint holds the memory's frames written so far, up to 7 GB
             save_checkpoint(checkpoint_folder, f"step-{global_step:09d}.pt", state, args, run_name, keep=1)
 
-    progress.close()
     recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
     print(
         f"finished {global_step} steps and {num_updates} updates, {sps} SPS, "
@@ -489,9 +475,8 @@ def main(args: Args):
 
 
 # =============================================================================================
-# Run infrastructure: what makes a run watchable, resumable and reusable; not the algorithm. Each
-# block is the same text in every script that has it (tests/test_blocks.py holds the copies equal),
-# but for the lines that end in `# this script`. Design notes: docs/design.md
+# Run infrastructure: what makes a run watchable, resumable and reusable; not the algorithm. Each block
+# is the same text in every script that has it (tests/test_blocks.py), but for lines marked `# this script`.
 # =============================================================================================
 def fail(message: str):
     """A user error: one line naming the problem, a non-zero exit, no traceback."""
@@ -542,29 +527,20 @@ def start_logging(args: Args, run_name: str, checkpoint: dict | None) -> Summary
 
 
 class Progress:
-    """How far the run is, for whoever reads its output: a live line on a terminal; elsewhere (a log
-    file, Slurm, nohup, a container) a plain line at most every `interval` seconds, and always the
-    first and the last one."""
+    """Plain progress lines on stderr, alike on a terminal and in a log file (Slurm, nohup, a container):
+    at most one every `interval` seconds, and always the first and the last one."""
 
     def __init__(self, total_steps: int, interval: float):
         self.total, self.interval, self.last_print = total_steps, interval, -float("inf")
-        self.on_terminal = sys.stderr.isatty()
 
     def show(self, global_step: int, sps: int, recent_returns: deque):
-        now = time.time()
-        if not self.on_terminal and now - self.last_print < self.interval and global_step < self.total:
+        if time.time() - self.last_print < self.interval and global_step < self.total:
             return
-        self.last_print = now
+        self.last_print = time.time()
         recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
-        eta = int((self.total - global_step) / max(sps, 1))
+        eta = (self.total - global_step) // max(sps, 1)
         line = f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
-        line += f" | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
-        print(f"\r{line}   " if self.on_terminal else line, end="" if self.on_terminal else None, file=sys.stderr)
-        sys.stderr.flush()
-
-    def close(self):
-        if self.on_terminal:
-            print(file=sys.stderr)
+        print(f"{line} | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}", file=sys.stderr, flush=True)
 
 
 def capped_cubic(game: int) -> bool:
@@ -575,62 +551,50 @@ def capped_cubic(game: int) -> bool:
 class VideoRecorder:
     """Records games of env 0 as RGB mp4 files, `{folder}/game-{k}.mp4` for the k-th game. The agent's
     envs give only 84x84 grayscale stacks, so a one-env shadow of env 0 (same game, seed and settings,
-    full 210x160 RGB screens) is given env 0's actions and plays the identical game. Frames stream to a
-    thread that pipes them to ffmpeg: training never waits for an encoder, and a long game is never
-    held in memory. A video holds its game's first screen and one per step; `close()` keeps a game
-    still in play up to its last screen. Under --track each finished file goes to wandb."""
+    full 210x160 RGB screens) is given env 0's actions and plays the identical game. Each screen goes
+    straight to an ffmpeg process, which encodes beside training and never holds a whole game. A video
+    holds its game's first screen and one per step; `close()` keeps a game still in play up to its last
+    screen. Under --track each finished file goes to wandb."""
 
     def __init__(self, folder: str, env_id: str, seed: int, args: Args, first_game=0, schedule=capped_cubic):
-        import imageio_ffmpeg  # imported here: only video runs pay for it
-
         os.makedirs(folder, exist_ok=True)
-        self.folder, self.schedule, self.game, self.track = folder, schedule, first_game, args.track
+        self.folder, self.schedule, self.game, self.track, self.ffmpeg = folder, schedule, first_game, args.track, None
         sticky, time_limit = args.repeat_action_probability, args.max_episode_steps
         self.shadow = make_envs(env_id, 1, sticky, time_limit, rgb_frames=True)  # this script
         screen, _ = self.shadow.reset(seed=seed)  # this script
-        self.frames = queue.Queue(maxsize=1000)  # bounded: a stalled encoder slows training, never fills memory
-        self.encoder = threading.Thread(target=self.encode, args=(imageio_ffmpeg,), daemon=True)
-        self.encoder.start()
         self.start_game(screen[0, -1])  # this script
 
     def start_game(self, screen):
-        self.recording = self.schedule(self.game)
-        if self.recording:
-            self.frames.put(os.path.join(self.folder, f"game-{self.game}.mp4"))
-            self.frames.put(screen)
+        if self.schedule(self.game):
+            import imageio_ffmpeg  # imported here: only video runs pay for it
+
+            self.path = os.path.join(self.folder, f"game-{self.game}.mp4")
+            self.ffmpeg = imageio_ffmpeg.write_frames(self.path, (160, 210), fps=30, macro_block_size=1)
+            self.ffmpeg.send(None)  # starts ffmpeg
+            self.ffmpeg.send(np.ascontiguousarray(screen))
 
     def step(self, action_env0: int):
         screen, _, terminated, truncated, info = self.shadow.step(np.array([action_env0]))
-        game_over, last_screen = terminated[0] or truncated[0], info.get("final_obs", screen)[0, -1]  # this script
-        if self.recording:
-            self.frames.put(last_screen if game_over else screen[0, -1])  # this script
-            if game_over:
-                self.frames.put(None)  # the end of this game's file
+        game_over = terminated[0] or truncated[0]  # this script
+        shown = info["final_obs"][0, -1] if game_over else screen[0, -1]  # this script: the screen this step showed
+        if self.ffmpeg is not None and shown is not None:
+            self.ffmpeg.send(np.ascontiguousarray(shown))
         if game_over:
+            self.end_video()
             self.game += 1
             self.start_game(screen[0, -1])  # this script
 
-    def encode(self, imageio_ffmpeg):
-        writer = None
-        while (item := self.frames.get()) is not StopIteration:
-            if isinstance(item, str):
-                path, writer = item, imageio_ffmpeg.write_frames(item, (160, 210), fps=30, macro_block_size=1)
-                writer.send(None)  # starts ffmpeg
-            elif item is None:
-                writer.close()
-                writer = None
-                if self.track:
-                    import wandb
+    def end_video(self):
+        if self.ffmpeg is not None:
+            self.ffmpeg.close()
+            self.ffmpeg = None
+            if self.track:
+                import wandb
 
-                    wandb.log({"videos/game": wandb.Video(path, format="mp4")}, commit=False)
-            else:
-                writer.send(np.ascontiguousarray(item))
-        if writer is not None:
-            writer.close()
+                wandb.log({"videos/game": wandb.Video(self.path, format="mp4")}, commit=False)
 
     def close(self):
-        self.frames.put(StopIteration)
-        self.encoder.join()
+        self.end_video()
         self.shadow.close()
 
 
@@ -654,12 +618,11 @@ def load_model(path: str, device) -> tuple[nn.Module, dict]:
 
 
 def evaluate(agent: nn.Module, env_id: str, eval_episodes: int, device, args: Args, seed=0, video_folder=None) -> list:
-    """Plays `eval_episodes` whole games (all lives, unclipped score) with the agent's policy."""
+    """Plays `eval_episodes` whole games (all lives, unclipped score) with the agent's policy. Each env plays
+    a fixed quota of games: keeping the first games to finish would favour short (bad) ones."""
     num_envs = min(8, eval_episodes)
-    # Each env plays a fixed quota of games: keeping the first games to finish would favour short (bad) ones.
     quota = [eval_episodes // num_envs + (i < eval_episodes % num_envs) for i in range(num_envs)]
-    sticky, time_limit = args.repeat_action_probability, args.max_episode_steps
-    envs = make_envs(env_id, num_envs, sticky, time_limit)  # this script
+    envs = make_envs(env_id, num_envs, args.repeat_action_probability, args.max_episode_steps)  # this script
     rng = np.random.default_rng(seed)  # this script
     video = (
         VideoRecorder(video_folder, env_id, seed, args, schedule=lambda game: game < quota[0]) if video_folder else None
@@ -688,10 +651,10 @@ def run_evaluation(args: Args, device, writer: SummaryWriter, run_name: str, age
         agent, saved_args = load_model(args.eval_checkpoint, device)
         env_id = saved_args["env_id"]
         for name in ("repeat_action_probability", "max_episode_steps"):
-            if name in saved_args and saved_args[name] != getattr(args, name):
+            if saved_args.get(name, getattr(args, name)) != getattr(args, name):
+                flag, value = name.replace("_", "-"), getattr(args, name)
                 print(
-                    f"warning: evaluating with --{name.replace('_', '-')} {getattr(args, name)}; "
-                    f"the model was trained with {saved_args[name]}",
+                    f"warning: evaluating with --{flag} {value}; the model was trained with {saved_args[name]}",
                     file=sys.stderr,
                 )
     video_folder = f"videos/{run_name}-eval" if args.capture_video else None
@@ -704,9 +667,8 @@ def run_evaluation(args: Args, device, writer: SummaryWriter, run_name: str, age
 
 
 def lock_run(folder: str):
-    """Holds the run's checkpoint folder for this process while the returned file stays open: a second
-    process resuming the same run (a job started twice, a trainer that outlived its runner) would log
-    every step twice and remove the other's checkpoints."""
+    """Holds the run's checkpoint folder while the returned file stays open: a second process resuming the
+    same run (a job started twice) would log every step twice and remove the other's checkpoints."""
     os.makedirs(folder, exist_ok=True)
     lock = open(os.path.join(folder, "lock"), "w")
     try:
@@ -716,12 +678,6 @@ def lock_run(folder: str):
     return lock
 
 
-def script_digest() -> str:
-    """The SHA-256 of this file: a resumed run says when the code changed since its checkpoint."""
-    with open(__file__, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
 # The resume rule of every script: a resumed run may change how it is watched and saved, and where it
 # runs, never what it learns. Every other argument must be the checkpoint's.
 RESUMABLE_CHANGES = {"track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_episodes"}
@@ -729,26 +685,23 @@ RESUMABLE_CHANGES |= {"eval_checkpoint", "progress_interval", "checkpoint_every"
 RESUMABLE_CHANGES |= {"cuda", "eval_epsilon"}  # this script: where it runs, how it is evaluated
 
 
-def save_checkpoint(folder: str, name: str, state: dict, args: Args, run_name: str, keep: int = 2) -> str:
-    """Writes what a resumed run needs to `folder/name`, with the random streams, the run's arguments and
-    name: to a temporary file, synced and renamed, so a crash leaves the previous checkpoint or this one,
-    never a truncated file. The newest `keep` checkpoints are kept."""
+def save_checkpoint(folder: str, name: str, state: dict, args: Args, run_name: str, keep: int = 2):
+    """Writes `state`, the random streams, the arguments and the script's SHA-256 to `folder/name`: to a
+    temporary file, synced and renamed, so a crash leaves the previous checkpoint or this one, never half
+    a file. The newest `keep` checkpoints are kept."""
     path = os.path.join(folder, name)
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []  # this script
     state = {**state, "rng_state": {"torch": torch.get_rng_state(), "cuda": cuda_rng}}  # this script
-    state.update(args=vars(args), run_name=run_name, script_sha256=script_digest())
+    state.update(
+        args=vars(args), run_name=run_name, script_sha256=hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    )
     with open(path + ".tmp", "wb") as f:
         torch.save(state, f)  # this script
-        f.flush()
         os.fsync(f.fileno())
     os.replace(path + ".tmp", path)
-    directory = os.open(folder, os.O_RDONLY)  # the rename itself must reach the disk too
-    os.fsync(directory)
-    os.close(directory)
     for older in sorted(glob.glob(os.path.join(folder, "*.pt")))[:-keep]:  # this script
         os.remove(older)
     print(f"checkpoint {path}", flush=True)
-    return path
 
 
 def load_checkpoint(resume: str, args: Args) -> dict | None:
@@ -772,10 +725,8 @@ def load_checkpoint(resume: str, args: Args) -> dict | None:
         if name not in RESUMABLE_CHANGES and saved_args.get(name) != value:
             fail(f"--resume: the checkpoint's run has {name}={saved_args.get(name)!r}, this command {value!r}")
     print(f"resuming {run_name} at step {global_step:,} from {resume}", flush=True)
-    if checkpoint.get("script_sha256") != script_digest():
-        print(
-            f"warning: {os.path.basename(__file__)} has changed since the checkpoint: the run goes on with it as it is"
-        )
+    if checkpoint.get("script_sha256") != hashlib.sha256(Path(__file__).read_bytes()).hexdigest():
+        print(f"warning: {os.path.basename(__file__)} has changed since the checkpoint: the run goes on with it")
     return checkpoint
 
 

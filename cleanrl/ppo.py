@@ -40,7 +40,7 @@ class Args:
     capture_video: bool = False
     """if toggled, episodes 0, 1, 8, 27, ..., then every 1000th of env 0 are recorded to `videos/{run_name}/`"""
     progress_interval: float = 30.0
-    """seconds between plain progress lines when stderr is not a terminal (log files, Slurm, nohup)"""
+    """the minimum seconds between two progress lines on stderr (the first and the last always print)"""
 
     # environment
     env_id: str = "CartPole-v1"
@@ -225,9 +225,8 @@ def main(args: Args):
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
 
     next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
-    recent_returns = deque(maxlen=20)
     progress = Progress(args.num_iterations * args.batch_size, args.progress_interval)
-    global_step, start_time = 0, time.time()
+    global_step, start_time, recent_returns = 0, time.time(), deque(maxlen=20)
 
     for iteration in range(1, args.num_iterations + 1):
         if args.anneal_lr:
@@ -295,17 +294,13 @@ def main(args: Args):
 
         sps = int(global_step / (time.time() - start_time))
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        writer.add_scalar("losses/value_loss", stats["value_loss"].item(), global_step)
-        writer.add_scalar("losses/policy_loss", stats["policy_loss"].item(), global_step)
-        writer.add_scalar("losses/entropy", stats["entropy"].item(), global_step)
-        writer.add_scalar("losses/old_approx_kl", stats["old_approx_kl"].item(), global_step)
-        writer.add_scalar("losses/approx_kl", stats["approx_kl"].item(), global_step)
-        writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
+        stats["clipfrac"] = torch.stack(clipfracs).mean()  # over the whole update; the others: its last minibatch
+        for name, value in stats.items():
+            writer.add_scalar(f"losses/{name}", value.item(), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
         progress.show(global_step, sps, recent_returns)
 
-    progress.close()
     envs.close()  # also finishes the last video
     finish_logging(args, writer, run_name)
     recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
@@ -316,9 +311,8 @@ def main(args: Args):
 
 
 # =============================================================================================
-# Run infrastructure: what makes a run watchable, resumable and reusable; not the algorithm. Each
-# block is the same text in every script that has it (tests/test_blocks.py holds the copies equal),
-# but for the lines that end in `# this script`. Design notes: docs/design.md
+# Run infrastructure: what makes a run watchable, resumable and reusable; not the algorithm. Each block
+# is the same text in every script that has it (tests/test_blocks.py), but for lines marked `# this script`.
 # =============================================================================================
 def fail(message: str):
     """A user error: one line naming the problem, a non-zero exit, no traceback."""
@@ -352,29 +346,20 @@ def start_logging(args: Args, run_name: str, checkpoint: dict | None) -> Summary
 
 
 class Progress:
-    """How far the run is, for whoever reads its output: a live line on a terminal; elsewhere (a log
-    file, Slurm, nohup, a container) a plain line at most every `interval` seconds, and always the
-    first and the last one."""
+    """Plain progress lines on stderr, alike on a terminal and in a log file (Slurm, nohup, a container):
+    at most one every `interval` seconds, and always the first and the last one."""
 
     def __init__(self, total_steps: int, interval: float):
         self.total, self.interval, self.last_print = total_steps, interval, -float("inf")
-        self.on_terminal = sys.stderr.isatty()
 
     def show(self, global_step: int, sps: int, recent_returns: deque):
-        now = time.time()
-        if not self.on_terminal and now - self.last_print < self.interval and global_step < self.total:
+        if time.time() - self.last_print < self.interval and global_step < self.total:
             return
-        self.last_print = now
+        self.last_print = time.time()
         recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
-        eta = int((self.total - global_step) / max(sps, 1))
+        eta = (self.total - global_step) // max(sps, 1)
         line = f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
-        line += f" | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
-        print(f"\r{line}   " if self.on_terminal else line, end="" if self.on_terminal else None, file=sys.stderr)
-        sys.stderr.flush()
-
-    def close(self):
-        if self.on_terminal:
-            print(file=sys.stderr)
+        print(f"{line} | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}", file=sys.stderr, flush=True)
 
 
 def finish_logging(args: Args, writer: SummaryWriter, run_name: str):

@@ -12,13 +12,12 @@ import fcntl
 import glob
 import hashlib
 import os
-import queue
 import random
 import sys
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import envpool
@@ -59,7 +58,7 @@ class Args:
     mixed_precision: Literal["none", "bf16"] = "none"
     """bf16 autocasts the network's forward passes; loss, advantages and optimizer stay fp32"""
     progress_interval: float = 30.0
-    """seconds between plain progress lines when stderr is not a terminal (log files, Slurm, nohup)"""
+    """the minimum seconds between two progress lines on stderr (the first and the last always print)"""
     checkpoint_every: int = 0
     """write a checkpoint to `runs/{run_name}/checkpoints/` every K iterations and at the end (0: never)"""
     resume: str | None = None
@@ -296,7 +295,7 @@ def ppo_loss(newlogprob, entropy, newvalue, logprobs, advantages, returns, value
 def main(args: Args):
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // max(args.num_minibatches, 1)
-    args.num_iterations = args.total_timesteps // args.batch_size
+    args.num_iterations = args.total_timesteps // max(args.batch_size, 1)
     check_args(args)
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -347,8 +346,6 @@ def main(args: Args):
 
     next_obs_np, _ = envs.reset()
     next_obs = torch.from_numpy(next_obs_np).to(device)
-    # envpool resets an env on the step after its episode ended, ignoring the action: not learned from (played).
-    reset_step = np.zeros(args.num_envs, dtype=bool)
     episode_stats = EpisodeStatistics(args.num_envs)
     progress = Progress(args.num_iterations * args.batch_size, args.progress_interval)
     video = VideoRecorder(f"videos/{run_name}", args.env_id, env_seed, args, env0_games) if args.capture_video else None
@@ -367,6 +364,8 @@ def main(args: Args):
             values[step] = value.flatten()
             actions[step] = action
             logprobs[step] = logprob
+            # envpool resets an env on the step after its episode ended, ignoring the action: not learned from.
+            played[step] = dones[step - 1] == 0  # at step 0, dones[-1] is still the last rollout's last step
 
             action = action.cpu().numpy()
             next_obs_np, reward, terminated, truncated, info = envs.step(action)
@@ -377,7 +376,6 @@ def main(args: Args):
             dones[step] = torch.from_numpy(terminated | truncated).to(device)
             # A game that ends on its last allowed step is flagged truncated too: it is over, nothing to bootstrap.
             truncations[step] = torch.from_numpy(truncated & ~info["terminated"].astype(bool)).to(device)
-            played[step] = torch.from_numpy(~reset_step).to(device)
             next_obs = torch.from_numpy(next_obs_np).to(device)
 
             if video is not None:
@@ -389,7 +387,6 @@ def main(args: Args):
                 recent_returns.append(episodic_return)
                 writer.add_scalar("charts/episodic_return", episodic_return, global_step - args.num_envs + i + 1)
                 writer.add_scalar("charts/episodic_length", episodic_length, global_step - args.num_envs + i + 1)
-            reset_step = terminated | truncated
 
         with torch.inference_mode(), autocast:
             next_value = agent.get_value(next_obs).flatten()
@@ -424,12 +421,9 @@ def main(args: Args):
 
         sps = int((global_step - start_global_step) / (time.time() - start_time))
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        writer.add_scalar("losses/value_loss", stats["value_loss"].item(), global_step)
-        writer.add_scalar("losses/policy_loss", stats["policy_loss"].item(), global_step)
-        writer.add_scalar("losses/entropy", stats["entropy"].item(), global_step)
-        writer.add_scalar("losses/old_approx_kl", stats["old_approx_kl"].item(), global_step)
-        writer.add_scalar("losses/approx_kl", stats["approx_kl"].item(), global_step)
-        writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
+        stats["clipfrac"] = torch.stack(clipfracs).mean()  # over the whole update; the others: its last minibatch
+        for name, value in stats.items():
+            writer.add_scalar(f"losses/{name}", value.item(), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
         progress.show(global_step, sps, recent_returns)
@@ -440,7 +434,6 @@ def main(args: Args):
             state.update(global_step=global_step, env0_games=env0_games, recent_returns=list(recent_returns))
             save_checkpoint(checkpoint_folder, f"iteration-{iteration:07d}.pt", state, args, run_name)
 
-    progress.close()
     recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
     print(
         f"finished {args.num_iterations} iterations, {global_step} steps, {sps} SPS, "
@@ -460,9 +453,8 @@ def main(args: Args):
 
 
 # =============================================================================================
-# Run infrastructure: what makes a run watchable, resumable and reusable; not the algorithm. Each
-# block is the same text in every script that has it (tests/test_blocks.py holds the copies equal),
-# but for the lines that end in `# this script`. Design notes: docs/design.md
+# Run infrastructure: what makes a run watchable, resumable and reusable; not the algorithm. Each block
+# is the same text in every script that has it (tests/test_blocks.py), but for lines marked `# this script`.
 # =============================================================================================
 def fail(message: str):
     """A user error: one line naming the problem, a non-zero exit, no traceback."""
@@ -510,29 +502,20 @@ def start_logging(args: Args, run_name: str, checkpoint: dict | None) -> Summary
 
 
 class Progress:
-    """How far the run is, for whoever reads its output: a live line on a terminal; elsewhere (a log
-    file, Slurm, nohup, a container) a plain line at most every `interval` seconds, and always the
-    first and the last one."""
+    """Plain progress lines on stderr, alike on a terminal and in a log file (Slurm, nohup, a container):
+    at most one every `interval` seconds, and always the first and the last one."""
 
     def __init__(self, total_steps: int, interval: float):
         self.total, self.interval, self.last_print = total_steps, interval, -float("inf")
-        self.on_terminal = sys.stderr.isatty()
 
     def show(self, global_step: int, sps: int, recent_returns: deque):
-        now = time.time()
-        if not self.on_terminal and now - self.last_print < self.interval and global_step < self.total:
+        if time.time() - self.last_print < self.interval and global_step < self.total:
             return
-        self.last_print = now
+        self.last_print = time.time()
         recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
-        eta = int((self.total - global_step) / max(sps, 1))
+        eta = (self.total - global_step) // max(sps, 1)
         line = f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
-        line += f" | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
-        print(f"\r{line}   " if self.on_terminal else line, end="" if self.on_terminal else None, file=sys.stderr)
-        sys.stderr.flush()
-
-    def close(self):
-        if self.on_terminal:
-            print(file=sys.stderr)
+        print(f"{line} | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}", file=sys.stderr, flush=True)
 
 
 def capped_cubic(game: int) -> bool:
@@ -543,63 +526,50 @@ def capped_cubic(game: int) -> bool:
 class VideoRecorder:
     """Records games of env 0 as RGB mp4 files, `{folder}/game-{k}.mp4` for the k-th game. The agent's
     envs give only 84x84 grayscale stacks, so a one-env shadow of env 0 (same game, seed and settings,
-    full 210x160 RGB screens) is given env 0's actions and plays the identical game. Frames stream to a
-    thread that pipes them to ffmpeg: training never waits for an encoder, and a long game is never
-    held in memory. A video holds its game's first screen and one per step; `close()` keeps a game
-    still in play up to its last screen. Under --track each finished file goes to wandb."""
+    full 210x160 RGB screens) is given env 0's actions and plays the identical game. Each screen goes
+    straight to an ffmpeg process, which encodes beside training and never holds a whole game. A video
+    holds its game's first screen and one per step; `close()` keeps a game still in play up to its last
+    screen. Under --track each finished file goes to wandb."""
 
     def __init__(self, folder: str, env_id: str, seed: int, args: Args, first_game=0, schedule=capped_cubic):
-        import imageio_ffmpeg  # imported here: only video runs pay for it
-
         os.makedirs(folder, exist_ok=True)
-        self.folder, self.schedule, self.game, self.track = folder, schedule, first_game, args.track
+        self.folder, self.schedule, self.game, self.track, self.ffmpeg = folder, schedule, first_game, args.track, None
         sticky, time_limit = args.repeat_action_probability, args.max_episode_steps
         self.shadow = make_envs(env_id, 1, sticky, seed, time_limit, rgb_frames=True)  # this script
         screen, _ = self.shadow.reset()  # this script
-        self.frames = queue.Queue(maxsize=1000)  # bounded: a stalled encoder slows training, never fills memory
-        self.encoder = threading.Thread(target=self.encode, args=(imageio_ffmpeg,), daemon=True)
-        self.encoder.start()
         self.start_game(screen[0].transpose(1, 2, 0))  # this script
 
     def start_game(self, screen):
-        self.recording = self.schedule(self.game)
-        if self.recording:
-            self.frames.put(os.path.join(self.folder, f"game-{self.game}.mp4"))
-            self.frames.put(screen)
+        if self.schedule(self.game):
+            import imageio_ffmpeg  # imported here: only video runs pay for it
+
+            self.path = os.path.join(self.folder, f"game-{self.game}.mp4")
+            self.ffmpeg = imageio_ffmpeg.write_frames(self.path, (160, 210), fps=30, macro_block_size=1)
+            self.ffmpeg.send(None)  # starts ffmpeg
+            self.ffmpeg.send(np.ascontiguousarray(screen))
 
     def step(self, action_env0: int):
         screen, _, terminated, truncated, info = self.shadow.step(np.array([action_env0]))
         game_over = info["elapsed_step"][0] == 0  # this script: envpool's reset step after a game over: a new game
-        if self.recording:
-            if not game_over:  # this script: that step shows the new game's first screen
-                self.frames.put(screen[0].transpose(1, 2, 0))  # this script
-            if game_over:
-                self.frames.put(None)  # the end of this game's file
+        shown = None if game_over else screen[0].transpose(1, 2, 0)  # this script: the screen this step showed
+        if self.ffmpeg is not None and shown is not None:
+            self.ffmpeg.send(np.ascontiguousarray(shown))
         if game_over:
+            self.end_video()
             self.game += 1
             self.start_game(screen[0].transpose(1, 2, 0))  # this script
 
-    def encode(self, imageio_ffmpeg):
-        writer = None
-        while (item := self.frames.get()) is not StopIteration:
-            if isinstance(item, str):
-                path, writer = item, imageio_ffmpeg.write_frames(item, (160, 210), fps=30, macro_block_size=1)
-                writer.send(None)  # starts ffmpeg
-            elif item is None:
-                writer.close()
-                writer = None
-                if self.track:
-                    import wandb
+    def end_video(self):
+        if self.ffmpeg is not None:
+            self.ffmpeg.close()
+            self.ffmpeg = None
+            if self.track:
+                import wandb
 
-                    wandb.log({"videos/game": wandb.Video(path, format="mp4")}, commit=False)
-            else:
-                writer.send(np.ascontiguousarray(item))
-        if writer is not None:
-            writer.close()
+                wandb.log({"videos/game": wandb.Video(self.path, format="mp4")}, commit=False)
 
     def close(self):
-        self.frames.put(StopIteration)
-        self.encoder.join()
+        self.end_video()
         self.shadow.close()
 
 
@@ -623,12 +593,11 @@ def load_model(path: str, device) -> tuple[nn.Module, dict]:
 
 
 def evaluate(agent: nn.Module, env_id: str, eval_episodes: int, device, args: Args, seed=0, video_folder=None) -> list:
-    """Plays `eval_episodes` whole games (all lives, unclipped score) with the agent's policy."""
+    """Plays `eval_episodes` whole games (all lives, unclipped score) with the agent's policy. Each env plays
+    a fixed quota of games: keeping the first games to finish would favour short (bad) ones."""
     num_envs = min(8, eval_episodes)
-    # Each env plays a fixed quota of games: keeping the first games to finish would favour short (bad) ones.
     quota = [eval_episodes // num_envs + (i < eval_episodes % num_envs) for i in range(num_envs)]
-    sticky, time_limit = args.repeat_action_probability, args.max_episode_steps
-    envs = make_envs(env_id, num_envs, sticky, seed, time_limit)  # this script
+    envs = make_envs(env_id, num_envs, args.repeat_action_probability, seed, args.max_episode_steps)  # this script
     autocast = torch.autocast(device.type, torch.bfloat16, enabled=args.mixed_precision == "bf16")  # this script
     video = (
         VideoRecorder(video_folder, env_id, seed, args, schedule=lambda game: game < quota[0]) if video_folder else None
@@ -659,10 +628,10 @@ def run_evaluation(args: Args, device, writer: SummaryWriter, run_name: str, age
         agent, saved_args = load_model(args.eval_checkpoint, device)
         env_id = saved_args["env_id"]
         for name in ("repeat_action_probability", "max_episode_steps"):
-            if name in saved_args and saved_args[name] != getattr(args, name):
+            if saved_args.get(name, getattr(args, name)) != getattr(args, name):
+                flag, value = name.replace("_", "-"), getattr(args, name)
                 print(
-                    f"warning: evaluating with --{name.replace('_', '-')} {getattr(args, name)}; "
-                    f"the model was trained with {saved_args[name]}",
+                    f"warning: evaluating with --{flag} {value}; the model was trained with {saved_args[name]}",
                     file=sys.stderr,
                 )
     video_folder = f"videos/{run_name}-eval" if args.capture_video else None
@@ -675,9 +644,8 @@ def run_evaluation(args: Args, device, writer: SummaryWriter, run_name: str, age
 
 
 def lock_run(folder: str):
-    """Holds the run's checkpoint folder for this process while the returned file stays open: a second
-    process resuming the same run (a job started twice, a trainer that outlived its runner) would log
-    every step twice and remove the other's checkpoints."""
+    """Holds the run's checkpoint folder while the returned file stays open: a second process resuming the
+    same run (a job started twice) would log every step twice and remove the other's checkpoints."""
     os.makedirs(folder, exist_ok=True)
     lock = open(os.path.join(folder, "lock"), "w")
     try:
@@ -687,12 +655,6 @@ def lock_run(folder: str):
     return lock
 
 
-def script_digest() -> str:
-    """The SHA-256 of this file: a resumed run says when the code changed since its checkpoint."""
-    with open(__file__, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
 # The resume rule of every script: a resumed run may change how it is watched and saved, and where it
 # runs, never what it learns. Every other argument must be the checkpoint's.
 RESUMABLE_CHANGES = {"track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_episodes"}
@@ -700,26 +662,23 @@ RESUMABLE_CHANGES |= {"eval_checkpoint", "progress_interval", "checkpoint_every"
 RESUMABLE_CHANGES |= {"cuda"}  # this script: where it runs
 
 
-def save_checkpoint(folder: str, name: str, state: dict, args: Args, run_name: str, keep: int = 2) -> str:
-    """Writes what a resumed run needs to `folder/name`, with the random streams, the run's arguments and
-    name: to a temporary file, synced and renamed, so a crash leaves the previous checkpoint or this one,
-    never a truncated file. The newest `keep` checkpoints are kept."""
+def save_checkpoint(folder: str, name: str, state: dict, args: Args, run_name: str, keep: int = 2):
+    """Writes `state`, the random streams, the arguments and the script's SHA-256 to `folder/name`: to a
+    temporary file, synced and renamed, so a crash leaves the previous checkpoint or this one, never half
+    a file. The newest `keep` checkpoints are kept."""
     path = os.path.join(folder, name)
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []  # this script
     state = {**state, "rng_state": {"torch": torch.get_rng_state(), "cuda": cuda_rng}}  # this script
-    state.update(args=vars(args), run_name=run_name, script_sha256=script_digest())
+    state.update(
+        args=vars(args), run_name=run_name, script_sha256=hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    )
     with open(path + ".tmp", "wb") as f:
         torch.save(state, f)  # this script
-        f.flush()
         os.fsync(f.fileno())
     os.replace(path + ".tmp", path)
-    directory = os.open(folder, os.O_RDONLY)  # the rename itself must reach the disk too
-    os.fsync(directory)
-    os.close(directory)
     for older in sorted(glob.glob(os.path.join(folder, "*.pt")))[:-keep]:  # this script
         os.remove(older)
     print(f"checkpoint {path}", flush=True)
-    return path
 
 
 def load_checkpoint(resume: str, args: Args) -> dict | None:
@@ -743,10 +702,8 @@ def load_checkpoint(resume: str, args: Args) -> dict | None:
         if name not in RESUMABLE_CHANGES and saved_args.get(name) != value:
             fail(f"--resume: the checkpoint's run has {name}={saved_args.get(name)!r}, this command {value!r}")
     print(f"resuming {run_name} at step {global_step:,} from {resume}", flush=True)
-    if checkpoint.get("script_sha256") != script_digest():
-        print(
-            f"warning: {os.path.basename(__file__)} has changed since the checkpoint: the run goes on with it as it is"
-        )
+    if checkpoint.get("script_sha256") != hashlib.sha256(Path(__file__).read_bytes()).hexdigest():
+        print(f"warning: {os.path.basename(__file__)} has changed since the checkpoint: the run goes on with it")
     return checkpoint
 
 

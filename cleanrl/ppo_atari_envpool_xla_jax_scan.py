@@ -21,6 +21,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import envpool
@@ -61,7 +62,7 @@ class Args:
     mixed_precision: Literal["none", "bf16"] = "none"
     """bf16 computes the network body in bfloat16; heads, parameters, gradients, loss and optimizer stay fp32"""
     progress_interval: float = 30.0
-    """seconds between plain progress lines when stderr is not a terminal (log files, Slurm, nohup)"""
+    """the minimum seconds between two progress lines on stderr (the first and the last always print)"""
     checkpoint_every: int = 0
     """write a checkpoint to `runs/{run_name}/checkpoints/` every K iterations and at the end (0: never)"""
     resume: str | None = None
@@ -245,15 +246,12 @@ class Conv(nn.Module):
         kernel = self.param("kernel", self.kernel_init, (k, k, channels, self.features))
         bias = self.param("bias", self.bias_init, (self.features,))
         x, kernel, bias = x.astype(self.dtype), kernel.astype(self.dtype), bias.astype(self.dtype)
-        im2col = self.im2col
-        if im2col is None:
-            im2col = PATCH_CONVOLUTIONS_ON_CPU and jax.default_backend() == "cpu"
+        im2col = PATCH_CONVOLUTIONS_ON_CPU and jax.default_backend() == "cpu" if self.im2col is None else self.im2col
         if not im2col:
             y = jax.lax.conv_general_dilated(x, kernel, (s, s), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
             return y + bias
-        height, width = (x.shape[1] - k) // s + 1, (x.shape[2] - k) // s + 1
         # patches[..., (i * k + j) * channels + c] = x[:, s * row + i, s * col + j, c]: the kernel's order
-        rows, cols = s * (height - 1) + 1, s * (width - 1) + 1
+        rows, cols = x.shape[1] - k + 1, x.shape[2] - k + 1  # the windows start at every s-th of them
         windows = [x[:, i : i + rows : s, j : j + cols : s] for i in range(k) for j in range(k)]
         patches = jnp.concatenate(windows, axis=-1)
         return patches @ kernel.reshape(k * k * channels, self.features) + bias
@@ -488,8 +486,8 @@ def update_minibatch(train_state, epoch, minibatch, batch: Batch, perms, learnin
 def update_epochs(train_state: TrainState, batch: Batch, perms, learning_rate, agent, tx, args: Args, axis_name: str):
     """All epochs and minibatches of one update as one compiled program: a `lax.scan` over epochs of
     `lax.scan`s over minibatches. --target-kl cannot break a compiled loop, so the epochs after the stop
-    are skipped by a `lax.cond`. Returns the state, the last minibatch's statistics and the mean clip
-    fraction of the minibatches that ran."""
+    are skipped by a `lax.cond`. Returns the state and the statistics of the last minibatch that ran, but
+    its clip fraction: the mean over all the minibatches that ran."""
     kwargs = dict(batch=batch, perms=perms, learning_rate=learning_rate, agent=agent, tx=tx, args=args)
     step = partial(update_minibatch, **kwargs, axis_name=axis_name)
 
@@ -510,8 +508,8 @@ def update_epochs(train_state: TrainState, batch: Batch, perms, learning_rate, a
     (train_state, _), (stats, ran) = jax.lax.scan(epoch_step, (train_state, False), jnp.arange(args.update_epochs))
     last_epoch = ran.sum() - 1
     last_stats = jax.tree.map(lambda s: s[last_epoch, -1], stats)
-    clipfrac = (stats["clipfrac"] * ran[:, None]).sum() / (ran.sum() * args.num_minibatches)
-    return train_state, last_stats, clipfrac
+    last_stats["clipfrac"] = (stats["clipfrac"] * ran[:, None]).sum() / (ran.sum() * args.num_minibatches)
+    return train_state, last_stats
 
 
 def main(args: Args):
@@ -526,9 +524,9 @@ def main(args: Args):
     is_main = jax.process_index() == 0  # logging is process 0's job; every process trains
     device = jax.local_devices()[0]
 
+    run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     if args.eval_checkpoint is not None:  # no training: play the saved model's games
         if is_main:
-            run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
             writer = start_logging(args, run_name, None)
             run_evaluation(args, device, writer, run_name)
             writer.close()
@@ -539,11 +537,7 @@ def main(args: Args):
         found = multihost_utils.process_allgather(np.int64(checkpoint["global_step"] if checkpoint else -1))
         if len(set(found.tolist())) > 1:
             fail(f"--resume: the processes found different checkpoints (at steps {found.tolist()}, -1: none)")
-    run_name = (
-        checkpoint["run_name"]
-        if checkpoint
-        else f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    )
+    run_name = checkpoint["run_name"] if checkpoint else run_name  # a resumed run goes on in its own folder
     checkpoint_folder = f"runs/{run_name}/checkpoints"
     run_lock = lock_run(checkpoint_folder) if is_main and (args.checkpoint_every or checkpoint) else None
     writer = start_logging(args, run_name, checkpoint) if is_main else None
@@ -612,9 +606,8 @@ def main(args: Args):
     start_time, start_global_step, sps = time.time(), global_step, 0
 
     for iteration in range(start_iteration + 1, args.num_iterations + 1):
-        learning_rate = args.learning_rate
-        if args.anneal_lr:
-            learning_rate *= 1.0 - (iteration - 1.0) / args.num_iterations
+        frac = 1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0
+        learning_rate = frac * args.learning_rate
 
         # Rollout: each device plays its envs; the calls are asynchronous, so the devices run at once.
         key, rollout_key, update_key = jax.random.split(key, 3)
@@ -627,7 +620,7 @@ def main(args: Args):
         next_value = global_array([v for _, _, v in outputs], 0, by_sample)
 
         batch, perms, explained_var = prepare(transitions, next_value, update_key)
-        train_state, stats, clipfrac = update(train_state, batch, perms, learning_rate)
+        train_state, stats = update(train_state, batch, perms, learning_rate)
 
         # The games that ended, in the job's order: the env steps of one vector step count as
         # consecutive global steps, env 0 first, so every game is logged at a step of its own.
@@ -650,12 +643,8 @@ def main(args: Args):
         sps = int((global_step - start_global_step) / (time.time() - start_time))
         if is_main:
             writer.add_scalar("charts/learning_rate", learning_rate, global_step)
-            writer.add_scalar("losses/value_loss", host(stats["value_loss"]), global_step)
-            writer.add_scalar("losses/policy_loss", host(stats["policy_loss"]), global_step)
-            writer.add_scalar("losses/entropy", host(stats["entropy"]), global_step)
-            writer.add_scalar("losses/old_approx_kl", host(stats["old_approx_kl"]), global_step)
-            writer.add_scalar("losses/approx_kl", host(stats["approx_kl"]), global_step)
-            writer.add_scalar("losses/clipfrac", host(clipfrac), global_step)
+            for name, value in stats.items():  # clipfrac: the mean of the update; the others: its last minibatch
+                writer.add_scalar(f"losses/{name}", host(value), global_step)
             writer.add_scalar("losses/explained_variance", host(explained_var), global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
             progress.show(global_step, sps, recent_returns)
@@ -673,24 +662,22 @@ def main(args: Args):
     as_bytes = lambda params: b"".join(np.asarray(leaf).tobytes() for leaf in jax.tree.leaves(params))
     digests = [hashlib.sha256(as_bytes(on_device(train_state.params, d))).hexdigest()[:16] for d in local_devices]
     print(f"process {jax.process_index()}: parameters sha256 per device {' '.join(digests)}")
-    progress.close()
+    for env in envs:
+        env.close()
+    if video is not None:
+        video.close()
     if is_main:
         recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
         print(
             f"finished {args.num_iterations} iterations, {global_step} steps, {sps} SPS, "
             f"mean return of the last {len(recent_returns)} games {recent}"
         )
-    for env in envs:
-        env.close()
-    if video is not None:
-        video.close()
-    if args.save_model and is_main:
-        model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
-        trained = agent.bind(on_device(train_state.params, local_devices[0]))  # a flax model: agent and parameters
-        save_model(model_path, trained, args)
-        print(f"model saved to {model_path}")
-        run_evaluation(args, device, writer, run_name, trained)
-    if is_main:
+        if args.save_model:
+            model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
+            trained = agent.bind(on_device(train_state.params, local_devices[0]))  # a flax model: agent and parameters
+            save_model(model_path, trained, args)
+            print(f"model saved to {model_path}")
+            run_evaluation(args, device, writer, run_name, trained)
         writer.close()
     if run_lock is not None:
         run_lock.close()
@@ -715,9 +702,8 @@ def on_device(tree, device):
 
 
 # =============================================================================================
-# Run infrastructure: what makes a run watchable, resumable and reusable; not the algorithm. Each
-# block is the same text in every script that has it (tests/test_blocks.py holds the copies equal),
-# but for the lines that end in `# this script`. Design notes: docs/design.md
+# Run infrastructure: what makes a run watchable, resumable and reusable; not the algorithm. Each block
+# is the same text in every script that has it (tests/test_blocks.py), but for lines marked `# this script`.
 # =============================================================================================
 def fail(message: str):
     """A user error: one line naming the problem, a non-zero exit, no traceback."""
@@ -725,8 +711,7 @@ def fail(message: str):
 
 
 def check_args(args: Args):
-    counts = (args.num_envs, args.num_steps, args.num_minibatches, args.update_epochs, args.eval_episodes)
-    if min(counts) < 1:
+    if min(args.num_envs, args.num_steps, args.num_minibatches, args.update_epochs, args.eval_episodes) < 1:
         fail("--num-envs, --num-steps, --num-minibatches, --update-epochs and --eval-episodes must be positive")
     if args.num_envs % args.num_devices != 0:
         devices = args.num_devices
@@ -761,29 +746,20 @@ def start_logging(args: Args, run_name: str, checkpoint: dict | None) -> Summary
 
 
 class Progress:
-    """How far the run is, for whoever reads its output: a live line on a terminal; elsewhere (a log
-    file, Slurm, nohup, a container) a plain line at most every `interval` seconds, and always the
-    first and the last one."""
+    """Plain progress lines on stderr, alike on a terminal and in a log file (Slurm, nohup, a container):
+    at most one every `interval` seconds, and always the first and the last one."""
 
     def __init__(self, total_steps: int, interval: float):
         self.total, self.interval, self.last_print = total_steps, interval, -float("inf")
-        self.on_terminal = sys.stderr.isatty()
 
     def show(self, global_step: int, sps: int, recent_returns: deque):
-        now = time.time()
-        if not self.on_terminal and now - self.last_print < self.interval and global_step < self.total:
+        if time.time() - self.last_print < self.interval and global_step < self.total:
             return
-        self.last_print = now
+        self.last_print = time.time()
         recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
-        eta = int((self.total - global_step) / max(sps, 1))
+        eta = (self.total - global_step) // max(sps, 1)
         line = f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
-        line += f" | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
-        print(f"\r{line}   " if self.on_terminal else line, end="" if self.on_terminal else None, file=sys.stderr)
-        sys.stderr.flush()
-
-    def close(self):
-        if self.on_terminal:
-            print(file=sys.stderr)
+        print(f"{line} | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}", file=sys.stderr, flush=True)
 
 
 def capped_cubic(game: int) -> bool:
@@ -869,7 +845,7 @@ class ReplayVideoRecorder:
 def save_model(path: str, agent: nn.Module, args: Args):
     # Written to a temporary file and renamed, so a crash never leaves a truncated file.
     model = {"params": agent.variables, "num_actions": agent.num_actions}  # this script
-    write_msgpack({**model, "args": vars(args)}, path + ".tmp")  # this script
+    Path(path + ".tmp").write_bytes(flax.serialization.msgpack_serialize({**model, "args": vars(args)}))  # this script
     os.replace(path + ".tmp", path)
 
 
@@ -877,21 +853,11 @@ def load_model(path: str, device) -> tuple[nn.Module, dict]:
     if not os.path.isfile(path):
         fail(f"checkpoint {path!r} does not exist")
     try:
-        payload = read_msgpack(path)  # this script
+        payload = flax.serialization.msgpack_restore(Path(path).read_bytes())  # this script
         agent = Agent(payload["num_actions"]).bind(params_of(payload, device))  # this script
     except Exception as e:  # any unreadable or foreign file is the same user error
         fail(f"checkpoint {path!r} is not a readable {os.path.basename(__file__)} model ({type(e).__name__})")
     return agent, dict(payload["args"])
-
-
-def write_msgpack(payload: dict, path: str):
-    with open(path, "wb") as f:
-        f.write(flax.serialization.msgpack_serialize(payload))
-
-
-def read_msgpack(path: str) -> dict:
-    with open(path, "rb") as f:
-        return flax.serialization.msgpack_restore(f.read())
 
 
 def params_of(payload: dict, device):
@@ -907,8 +873,7 @@ def evaluate(agent: Agent, env_id: str, eval_episodes: int, device, args: Args, 
     num_envs = min(8, eval_episodes)
     # Each env plays a fixed quota of games: keeping the first games to finish would favour short (bad) ones.
     quota = [eval_episodes // num_envs + (i < eval_episodes % num_envs) for i in range(num_envs)]
-    sticky, time_limit = args.repeat_action_probability, args.max_episode_steps
-    envs = make_envs(env_id, num_envs, sticky, seed, time_limit)
+    envs = make_envs(env_id, num_envs, args.repeat_action_probability, seed, args.max_episode_steps)
     env_state, env_step = start_envs(envs)
     module, params = agent.unbind()
     play = jax.jit(partial(rollout, module.clone(dtype=compute_dtype(args)), env_step, num_steps=args.num_steps))
@@ -940,10 +905,10 @@ def run_evaluation(args: Args, device, writer: SummaryWriter, run_name: str, age
         agent, saved_args = load_model(args.eval_checkpoint, device)
         env_id = saved_args["env_id"]
         for name in ("repeat_action_probability", "max_episode_steps"):
-            if name in saved_args and saved_args[name] != getattr(args, name):
+            if saved_args.get(name, getattr(args, name)) != getattr(args, name):
+                flag, value = name.replace("_", "-"), getattr(args, name)
                 print(
-                    f"warning: evaluating with --{name.replace('_', '-')} {getattr(args, name)}; "
-                    f"the model was trained with {saved_args[name]}",
+                    f"warning: evaluating with --{flag} {value}; the model was trained with {saved_args[name]}",
                     file=sys.stderr,
                 )
     video_folder = f"videos/{run_name}-eval" if args.capture_video else None
@@ -956,9 +921,8 @@ def run_evaluation(args: Args, device, writer: SummaryWriter, run_name: str, age
 
 
 def lock_run(folder: str):
-    """Holds the run's checkpoint folder for this process while the returned file stays open: a second
-    process resuming the same run (a job started twice, a trainer that outlived its runner) would log
-    every step twice and remove the other's checkpoints."""
+    """Holds the run's checkpoint folder while the returned file stays open: a second process resuming the
+    same run (a job started twice) would log every step twice and remove the other's checkpoints."""
     os.makedirs(folder, exist_ok=True)
     lock = open(os.path.join(folder, "lock"), "w")
     try:
@@ -966,12 +930,6 @@ def lock_run(folder: str):
     except BlockingIOError:
         fail(f"{folder} is in use: another process is running this run (stop it, or wait for it to end)")
     return lock
-
-
-def script_digest() -> str:
-    """The SHA-256 of this file: a resumed run says when the code changed since its checkpoint."""
-    with open(__file__, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
 
 
 # The resume rule of every script: a resumed run may change how it is watched and saved, and where it
@@ -982,24 +940,22 @@ RESUMABLE_CHANGES |= {"coordinator_address", "num_processes", "process_id"}  # t
 RESUMABLE_CHANGES |= {"num_devices", "local_num_envs", "local_batch_size"}  # this script: the job split anew
 
 
-def save_checkpoint(folder: str, name: str, state: dict, args: Args, run_name: str, keep: int = 2) -> str:
-    """Writes what a resumed run needs to `folder/name`, with the random streams, the run's arguments and
-    name: to a temporary file, synced and renamed, so a crash leaves the previous checkpoint or this one,
-    never a truncated file. The newest `keep` checkpoints are kept."""
+def save_checkpoint(folder: str, name: str, state: dict, args: Args, run_name: str, keep: int = 2):
+    """Writes `state`, the random streams, the arguments and the script's SHA-256 to `folder/name`: to a
+    temporary file, synced and renamed, so a crash leaves the previous checkpoint or this one, never half
+    a file. The newest `keep` checkpoints are kept."""
     path = os.path.join(folder, name)
-    state.update(args=vars(args), run_name=run_name, script_sha256=script_digest())
+    state.update(
+        args=vars(args), run_name=run_name, script_sha256=hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    )
     with open(path + ".tmp", "wb") as f:
         f.write(flax.serialization.msgpack_serialize(state))  # this script
-        f.flush()
+        f.flush()  # this script: torch.save flushes its file itself
         os.fsync(f.fileno())
     os.replace(path + ".tmp", path)
-    directory = os.open(folder, os.O_RDONLY)  # the rename itself must reach the disk too
-    os.fsync(directory)
-    os.close(directory)
     for older in sorted(glob.glob(os.path.join(folder, "*.msgpack")))[:-keep]:  # this script
         os.remove(older)
     print(f"checkpoint {path}", flush=True)
-    return path
 
 
 def load_checkpoint(resume: str, args: Args) -> dict | None:
@@ -1015,7 +971,7 @@ def load_checkpoint(resume: str, args: Args) -> dict | None:
     if not os.path.isfile(resume):
         fail(f"--resume {resume!r}: no such checkpoint file (pass a runs/*/checkpoints/ file or auto)")
     try:
-        checkpoint = read_msgpack(resume)  # this script
+        checkpoint = flax.serialization.msgpack_restore(Path(resume).read_bytes())  # this script
         saved_args, run_name, global_step = dict(checkpoint["args"]), checkpoint["run_name"], checkpoint["global_step"]
     except Exception as e:  # an unreadable file, or a saved model instead of a checkpoint
         fail(f"--resume {resume!r} is not a readable {os.path.basename(__file__)} checkpoint ({type(e).__name__})")
@@ -1023,10 +979,8 @@ def load_checkpoint(resume: str, args: Args) -> dict | None:
         if name not in RESUMABLE_CHANGES and saved_args.get(name) != value:
             fail(f"--resume: the checkpoint's run has {name}={saved_args.get(name)!r}, this command {value!r}")
     print(f"resuming {run_name} at step {global_step:,} from {resume}", flush=True)
-    if checkpoint.get("script_sha256") != script_digest():
-        print(
-            f"warning: {os.path.basename(__file__)} has changed since the checkpoint: the run goes on with it as it is"
-        )
+    if checkpoint.get("script_sha256") != hashlib.sha256(Path(__file__).read_bytes()).hexdigest():
+        print(f"warning: {os.path.basename(__file__)} has changed since the checkpoint: the run goes on with it")
     return checkpoint
 
 

@@ -46,7 +46,7 @@ class Args:
     eval_episodes: int = 10
     """the number of episodes played by the evaluation"""
     progress_interval: float = 30.0
-    """seconds between plain progress lines when stderr is not a terminal (log files, Slurm, nohup)"""
+    """the minimum seconds between two progress lines on stderr (the first and the last always print)"""
 
     # environment
     env_id: str = "HalfCheetah-v5"
@@ -95,8 +95,7 @@ class Args:
     """the number of rollout-and-update iterations, total_timesteps // batch_size (computed at run time)"""
 
 
-# Normalized observations and scaled rewards are clipped to [-10, 10]; EPS keeps a division by a 0 variance finite.
-OBS_CLIP, REWARD_CLIP, EPS = 10.0, 10.0, 1e-8
+OBS_CLIP, REWARD_CLIP, EPS = 10.0, 10.0, 1e-8  # EPS keeps a division by a 0 variance finite
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,8 +120,7 @@ class RunningMeanStd:
         self.mean, self.var, self.count = np.zeros(shape, dtype=np.float64), np.ones(shape, dtype=np.float64), 0
 
     def update(self, batch: np.ndarray):  # batch: (n, *shape)
-        # np.add.reduce: twice per env step on a handful of numbers, batch.mean()'s Python wrapper costs more
-        n = batch.shape[0]
+        n = batch.shape[0]  # np.add.reduce: on a few numbers twice a step, .mean()'s Python wrapper costs more
         batch_mean = np.add.reduce(batch, axis=0) / n
         batch_var = np.add.reduce(np.square(batch - batch_mean), axis=0) / n
         total = self.count + n
@@ -132,7 +130,6 @@ class RunningMeanStd:
 
 
 def normalize_obs(obs: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.ndarray:
-    """(obs - mean) / sqrt(var + EPS), clipped to [-OBS_CLIP, OBS_CLIP], as float32 for the network."""
     return np.clip((obs - mean) / np.sqrt(var + EPS), -OBS_CLIP, OBS_CLIP).astype(np.float32)
 
 
@@ -159,19 +156,14 @@ def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.
     return layer
 
 
-def gaussian_log_prob(action: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
-    """log N(action; mean, exp(log_std)^2) of a diagonal Gaussian, summed over the action dims."""
+def gaussian_log_prob_and_entropy(action: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor):
+    """log N(action; mean, exp(log_std)^2) and the entropy of a diagonal Gaussian, each summed over the action dims."""
     z = (action - mean) * torch.exp(-log_std)
-    return (-0.5 * z**2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
-
-
-def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
-    """Entropy of a diagonal Gaussian, summed over the action dims."""
-    return (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum(-1)
+    log_prob = (-0.5 * z**2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+    return log_prob, (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum(-1)
 
 
 def tanh_mlp(in_dim: int, out_dim: int, out_std: float) -> nn.Sequential:
-    """Two hidden layers of 64 tanh units, orthogonal initialization; the output layer's gain is out_std."""
     hidden = [layer_init(nn.Linear(in_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh()]
     return nn.Sequential(*hidden, layer_init(nn.Linear(64, out_dim), std=out_std))
 
@@ -191,16 +183,15 @@ class Agent(nn.Module):
         log_std = self.actor_logstd.expand_as(mean)
         if action is None:
             action = mean + torch.exp(log_std) * torch.randn_like(mean)
-        return action, gaussian_log_prob(action, mean, log_std), gaussian_entropy(log_std), self.critic(x)
+        return action, *gaussian_log_prob_and_entropy(action, mean, log_std), self.critic(x)
 
 
 # ---------------------------------------------------------------------------------------------
 # The math: small pure functions, tested alone
 # ---------------------------------------------------------------------------------------------
 def compute_gae(rewards, values, dones, next_value, gamma: float, gae_lambda: float):
-    """Generalized advantage estimation over one rollout, in NumPy (its small-array ops cost a fraction of
-    torch's per-op overhead). rewards, values, dones: (num_steps, num_envs), dones[t] = 1 where step t ended
-    the episode; next_value: (num_envs,). Returns (advantages, returns), both (num_steps, num_envs)."""
+    """Generalized advantage estimation over one rollout, in NumPy (a fraction of torch's per-op overhead on small
+    arrays). rewards, values, dones: (num_steps, num_envs), dones[t] = 1 where step t ended the episode."""
     num_steps = rewards.shape[0]
     advantages = np.zeros_like(rewards)
     lastgaelam = np.zeros_like(next_value)
@@ -280,18 +271,16 @@ def main(args: Args):
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
     # Rollout storage in NumPy on the host (less per-store overhead than torch), on the device once per iteration
-    shape = (args.num_steps, args.num_envs)
-    obs, actions = np.zeros((*shape, obs_dim), np.float32), np.zeros((*shape, action_dim), np.float32)
-    logprobs, rewards, dones, values = (np.zeros(shape, np.float32) for _ in range(4))
+    obs, actions = (np.zeros((args.num_steps, args.num_envs, dim), np.float32) for dim in (obs_dim, action_dim))
+    logprobs, rewards, dones, values = (np.zeros((args.num_steps, args.num_envs), np.float32) for _ in range(4))
 
     # The statistics are those of the observations the policy acts on (reset ones included), updated as they
     # arrive; an episode's final observation, on which no action is taken, is normalized but not counted.
     obs_rms, reward_normalizer = RunningMeanStd((obs_dim,)), RewardNormalizer(args.num_envs, args.gamma)
     obs_rms.update(first_obs)
     next_obs = normalize_obs(first_obs, obs_rms.mean, obs_rms.var)
-    recent_returns = deque(maxlen=20)
     progress = Progress(args.num_iterations * args.batch_size, args.progress_interval)
-    global_step, start_time = 0, time.time()
+    global_step, start_time, recent_returns = 0, time.time(), deque(maxlen=20)
 
     for iteration in range(1, args.num_iterations + 1):
         if args.anneal_lr:
@@ -303,9 +292,7 @@ def main(args: Args):
             obs[step] = next_obs
             with torch.no_grad():
                 action, logprob, _, value = agent.get_action_and_value(torch.from_numpy(next_obs).to(device))
-            actions[step] = action.cpu().numpy()
-            logprobs[step] = logprob.cpu().numpy()
-            values[step] = value.flatten().cpu().numpy()
+            actions[step], logprobs[step], values[step] = (x.cpu().numpy() for x in (action, logprob, value.flatten()))
 
             # The env gets the action clipped to its bounds; the rollout keeps the sampled one (for the ratio).
             raw_obs, reward, terminations, truncations, infos = envs.step(np.clip(actions[step], low, high))
@@ -361,17 +348,13 @@ def main(args: Args):
 
         sps = int(global_step / (time.time() - start_time))
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        writer.add_scalar("losses/value_loss", stats["value_loss"].item(), global_step)
-        writer.add_scalar("losses/policy_loss", stats["policy_loss"].item(), global_step)
-        writer.add_scalar("losses/entropy", stats["entropy"].item(), global_step)
-        writer.add_scalar("losses/old_approx_kl", stats["old_approx_kl"].item(), global_step)
-        writer.add_scalar("losses/approx_kl", stats["approx_kl"].item(), global_step)
-        writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
+        stats["clipfrac"] = torch.stack(clipfracs).mean()  # over the whole update; the others: its last minibatch
+        for name, value in stats.items():
+            writer.add_scalar(f"losses/{name}", value.item(), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
         progress.show(global_step, sps, recent_returns)
 
-    progress.close()
     envs.close()  # also finishes the last video
     recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
     print(
@@ -387,9 +370,8 @@ def main(args: Args):
 
 
 # =============================================================================================
-# Run infrastructure: what makes a run watchable, resumable and reusable; not the algorithm. Each
-# block is the same text in every script that has it (tests/test_blocks.py holds the copies equal),
-# but for the lines that end in `# this script`. Design notes: docs/design.md
+# Run infrastructure: what makes a run watchable, resumable and reusable; not the algorithm. Each block
+# is the same text in every script that has it (tests/test_blocks.py), but for lines marked `# this script`.
 # =============================================================================================
 def fail(message: str):
     """A user error: one line naming the problem, a non-zero exit, no traceback."""
@@ -423,29 +405,20 @@ def start_logging(args: Args, run_name: str, checkpoint: dict | None) -> Summary
 
 
 class Progress:
-    """How far the run is, for whoever reads its output: a live line on a terminal; elsewhere (a log
-    file, Slurm, nohup, a container) a plain line at most every `interval` seconds, and always the
-    first and the last one."""
+    """Plain progress lines on stderr, alike on a terminal and in a log file (Slurm, nohup, a container):
+    at most one every `interval` seconds, and always the first and the last one."""
 
     def __init__(self, total_steps: int, interval: float):
         self.total, self.interval, self.last_print = total_steps, interval, -float("inf")
-        self.on_terminal = sys.stderr.isatty()
 
     def show(self, global_step: int, sps: int, recent_returns: deque):
-        now = time.time()
-        if not self.on_terminal and now - self.last_print < self.interval and global_step < self.total:
+        if time.time() - self.last_print < self.interval and global_step < self.total:
             return
-        self.last_print = now
+        self.last_print = time.time()
         recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
-        eta = int((self.total - global_step) / max(sps, 1))
+        eta = (self.total - global_step) // max(sps, 1)
         line = f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
-        line += f" | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
-        print(f"\r{line}   " if self.on_terminal else line, end="" if self.on_terminal else None, file=sys.stderr)
-        sys.stderr.flush()
-
-    def close(self):
-        if self.on_terminal:
-            print(file=sys.stderr)
+        print(f"{line} | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}", file=sys.stderr, flush=True)
 
 
 def save_policy(path: str, agent: Agent, obs_rms: RunningMeanStd, args: Args):

@@ -50,7 +50,7 @@ class Args:
     eval_episodes: int = 10
     """the number of episodes played by the evaluation (with the mean action)"""
     progress_interval: float = 30.0
-    """seconds between plain progress lines when stderr is not a terminal (log files, Slurm, nohup)"""
+    """the minimum seconds between two progress lines on stderr (the first and the last always print)"""
 
     # environment
     env_id: str = "HalfCheetah-v5"
@@ -244,9 +244,8 @@ def main(args: Args):
 
     rb = ReplayBuffer(min(args.buffer_size, args.total_timesteps), obs_dim, action_dim)
     sample_rng = np.random.default_rng(args.seed)
-    recent_returns = deque(maxlen=20)
     progress = Progress(args.total_timesteps, args.progress_interval)
-    num_q_updates, num_actor_updates, start_time = 0, 0, time.time()
+    num_q_updates, num_actor_updates, start_time, recent_returns = 0, 0, time.time(), deque(maxlen=20)
 
     for global_step in range(1, args.total_timesteps + 1):
         if global_step <= args.learning_starts:
@@ -286,15 +285,12 @@ def main(args: Args):
 
             if global_step % args.policy_frequency == 0:
                 # Delayed (TD3-style) but not fewer: policy_frequency updates in a row, as many as the critics'.
-                # The critics are frozen meanwhile: the actor loss needs gradients through them, not of them.
-                qf1.requires_grad_(False)
-                qf2.requires_grad_(False)
                 for _ in range(args.policy_frequency):
                     actions_pi, log_pi, _ = actor.get_action(batch["obs"])
                     min_q_pi = torch.min(qf1(batch["obs"], actions_pi), qf2(batch["obs"], actions_pi))
                     actor_loss = (alpha * log_pi - min_q_pi).mean()
                     actor_optimizer.zero_grad(set_to_none=True)
-                    actor_loss.backward()
+                    actor_loss.backward(inputs=list(actor.parameters()))  # through the critics, not into them
                     actor_optimizer.step()
                     num_actor_updates += 1
 
@@ -305,8 +301,6 @@ def main(args: Args):
                         alpha_loss.backward()
                         a_optimizer.step()
                         alpha = log_alpha.exp().item()
-                qf1.requires_grad_(True)
-                qf2.requires_grad_(True)
 
             if global_step % args.target_network_frequency == 0:
                 soft_update(qf1_target, qf1, args.tau)
@@ -329,7 +323,6 @@ def main(args: Args):
             writer.add_scalar("charts/SPS", sps, global_step)
             progress.show(global_step, sps, recent_returns)
 
-    progress.close()
     env.close()  # also finishes the last video
     recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
     print(
@@ -345,9 +338,8 @@ def main(args: Args):
 
 
 # =============================================================================================
-# Run infrastructure: what makes a run watchable, resumable and reusable; not the algorithm. Each
-# block is the same text in every script that has it (tests/test_blocks.py holds the copies equal),
-# but for the lines that end in `# this script`. Design notes: docs/design.md
+# Run infrastructure: what makes a run watchable, resumable and reusable; not the algorithm. Each block
+# is the same text in every script that has it (tests/test_blocks.py), but for lines marked `# this script`.
 # =============================================================================================
 def fail(message: str):
     """A user error: one line naming the problem, a non-zero exit, no traceback."""
@@ -383,29 +375,20 @@ def start_logging(args: Args, run_name: str, checkpoint: dict | None) -> Summary
 
 
 class Progress:
-    """How far the run is, for whoever reads its output: a live line on a terminal; elsewhere (a log
-    file, Slurm, nohup, a container) a plain line at most every `interval` seconds, and always the
-    first and the last one."""
+    """Plain progress lines on stderr, alike on a terminal and in a log file (Slurm, nohup, a container):
+    at most one every `interval` seconds, and always the first and the last one."""
 
     def __init__(self, total_steps: int, interval: float):
         self.total, self.interval, self.last_print = total_steps, interval, -float("inf")
-        self.on_terminal = sys.stderr.isatty()
 
     def show(self, global_step: int, sps: int, recent_returns: deque):
-        now = time.time()
-        if not self.on_terminal and now - self.last_print < self.interval and global_step < self.total:
+        if time.time() - self.last_print < self.interval and global_step < self.total:
             return
-        self.last_print = now
+        self.last_print = time.time()
         recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
-        eta = int((self.total - global_step) / max(sps, 1))
+        eta = (self.total - global_step) // max(sps, 1)
         line = f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
-        line += f" | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
-        print(f"\r{line}   " if self.on_terminal else line, end="" if self.on_terminal else None, file=sys.stderr)
-        sys.stderr.flush()
-
-    def close(self):
-        if self.on_terminal:
-            print(file=sys.stderr)
+        print(f"{line} | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}", file=sys.stderr, flush=True)
 
 
 def save_policy(path: str, actor: Actor, qf1: SoftQNetwork, qf2: SoftQNetwork, args: Args):

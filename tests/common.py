@@ -546,7 +546,7 @@ def assert_progress_lines_off_a_terminal(script: str, short_run: list[str], step
     assert_progress_lines_printed(result.stderr, steps)
 
 
-# The plain progress line of CONVENTIONS.md, printed on stderr off a terminal.
+# The plain progress line of the scripts' Progress block, printed on stderr.
 PROGRESS_LINE = re.compile(
     r"^([\d,]+)/([\d,]+) steps \| ([\d,]+) SPS \| return \(last (\d+)\) (\S+) \| ETA \d+:\d\d:\d\d$"
 )
@@ -618,20 +618,10 @@ gym.register("StepCountTruncatedAfter4-v0", entry_point=StepCountEnv, max_episod
 gym.register("StepCountTerminatesAfter5-v0", entry_point=StepCountEnv, kwargs={"length": 5})
 
 
-class FakeStderr(io.StringIO):
-    def __init__(self, tty: bool):
-        super().__init__()
-        self.tty = tty
-
-    def isatty(self) -> bool:
-        return self.tty
-
-
 def assert_progress_follows_the_convention(progress_class, monkeypatch):
-    """A script's Progress(total, interval) with show(global_step, sps, recent_returns) and close():
-    on a terminal a live `\\r` line per call and a newline at close; off one, plain lines, at most
-    one per interval but always the first and the last (global_step == total); the text of
-    CONVENTIONS.md."""
+    """A script's Progress(total, interval) with show(global_step, sps, recent_returns): plain lines on
+    stderr, the same on a terminal and in a log file, at most one per interval but always the first and
+    the last (global_step == total)."""
     from collections import deque
 
     calls = [(1000, 1234, deque()), (2000, 1500, deque([1.0, 2.0])), (3000, 1500, deque([1.0, 2.0, 4.5]))]
@@ -640,26 +630,16 @@ def assert_progress_follows_the_convention(progress_class, monkeypatch):
         "2,000/3,000 steps | 1,500 SPS | return (last 2) 1.50 | ETA 0:00:00",
         "3,000/3,000 steps | 1,500 SPS | return (last 3) 2.50 | ETA 0:00:00",
     ]
-    for tty, interval, lines in [
-        (False, 3600.0, [expected[0], expected[2]]),
-        (False, 0.0, expected),
-        (True, 3600.0, None),
-    ]:
-        stderr = FakeStderr(tty)
+    for interval, lines in [(3600.0, [expected[0], expected[2]]), (0.0, expected)]:
+        stderr = io.StringIO()
         monkeypatch.setattr(sys, "stderr", stderr)
         progress = progress_class(3000, interval)
         for step, sps, recent in calls:
             progress.show(step, sps, recent)
-        progress.close()
         monkeypatch.undo()
-        output = stderr.getvalue()
-        if tty:
-            assert output.count("\r") == 3 and output.endswith("\n") and output.count("\n") == 1, repr(output)
-            assert [part.rstrip() for part in output.strip().split("\r") if part] == expected
-        else:
-            assert output.splitlines() == lines and "\r" not in output, repr(output)
+        assert stderr.getvalue().splitlines() == lines, repr(stderr.getvalue())
     hours = progress_class(10_000_000, 0.0)
-    stderr = FakeStderr(False)
+    stderr = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stderr)
     hours.show(1_000_000, 100, deque([-3.0]))
     monkeypatch.undo()

@@ -1,5 +1,5 @@
 """A stand-in for a training script in the runner's tests: prints the scripts' progress and summary
-lines (the format of CONVENTIONS.md) for a few fake iterations, then exits. It never trains."""
+lines (the format of the scripts' Progress block) for a few fake iterations, then exits. It never trains."""
 
 import argparse
 import os

@@ -7,8 +7,10 @@ import subprocess
 import sys
 import textwrap
 from functools import partial
+from pathlib import Path
 
 import cv2
+import flax.serialization
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -150,10 +152,11 @@ def test_the_compiled_update_takes_the_minibatch_steps_of_every_epoch_in_order()
         for minibatch in range(args.num_minibatches):
             looped, stats = step(looped, epoch, minibatch, batch, perms, 2.5e-4)
             clipfracs.append(stats["clipfrac"])
-    scanned, scanned_stats, scanned_clipfrac = compiled(state, batch, perms, 2.5e-4)
+    scanned, scanned_stats = compiled(state, batch, perms, 2.5e-4)
     jax.tree.map(partial(np.testing.assert_allclose, rtol=1e-4, atol=1e-6), scanned.params, looped.params)
+    # The statistics of the last minibatch, but the clip fraction: the mean over the whole update.
+    stats["clipfrac"] = np.mean(clipfracs)
     jax.tree.map(partial(np.testing.assert_allclose, rtol=1e-4, atol=1e-6), scanned_stats, stats)
-    np.testing.assert_allclose(scanned_clipfrac, np.mean(clipfracs), atol=1e-6)
     assert not np.allclose(looped.params["params"]["actor"]["kernel"], params["params"]["actor"]["kernel"])
 
 
@@ -169,7 +172,7 @@ def test_target_kl_stops_the_compiled_epochs_after_the_first():
         perms = jnp.stack([jnp.arange(16)] * args.update_epochs)
         update = partial(ppo_jax.update_epochs, agent=agent, tx=tx, args=args, axis_name="devices")
         state = ppo_jax.TrainState(params, tx.init(params))
-        state, _, _ = single_device(update, (P(),) * 4, P())(state, batch, perms, 2.5e-4)
+        state, _ = single_device(update, (P(),) * 4, P())(state, batch, perms, 2.5e-4)
         results.append(state.params)
     jax.tree.map(partial(np.testing.assert_allclose, rtol=1e-6, atol=1e-8), *results)
 
@@ -565,7 +568,8 @@ def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):
 
 def assert_model_is_the_checkpoints(checkpoint_path: str, model_path: str):
     # Adam went on counting from the checkpoint's updates, not from zero; the model is the checkpoint's.
-    checkpoint, model = ppo_jax.read_msgpack(checkpoint_path), ppo_jax.read_msgpack(model_path)
+    read = lambda path: flax.serialization.msgpack_restore(Path(path).read_bytes())
+    checkpoint, model = read(checkpoint_path), read(model_path)
     params, adam = checkpoint["train_state"]["params"], checkpoint["train_state"]["opt_state"]["1"]
     updates = 4 * checkpoint["args"]["update_epochs"] * checkpoint["args"]["num_minibatches"]
     assert int(adam["count"]) == updates

@@ -336,7 +336,7 @@ def test_save_then_evaluate_round_trip_reproduces_the_evaluation(tmp_path):
     assert "eval: mean return" in evaluation.stdout
     assert len(eval_returns(training.stdout)) == 1 and len(eval_returns(evaluation.stdout)) == 2
     assert eval_returns(evaluation.stdout)[:1] == eval_returns(training.stdout)
-    # off a terminal, with a long interval, only the first and the last progress line
+    # with a long interval, only the first and the last progress line
     assert progress_steps(training.stderr) == [100, 300]
 
 
@@ -461,7 +461,7 @@ def test_capture_video_records_episodes_0_1_8_and_uploads_them(tracked_run):
     assert_episodes_0_1_8_recorded_and_uploaded(tracked_run)
 
 
-def test_progress_line_follows_the_convention_on_and_off_a_terminal(monkeypatch):
+def test_progress_follows_the_convention(monkeypatch):
     assert_progress_follows_the_convention(sac.Progress, monkeypatch)
 
 
