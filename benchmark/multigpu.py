@@ -255,7 +255,7 @@ def sync_worker(updates: int, minibatch: int):
         model = copy.deepcopy(agent)
         sync = {
             "none": lambda model: None,
-            "flat all-reduce": timed(lambda model: multigpu.average_gradients(model, world_size)),
+            "flat all-reduce": timed(lambda model: multigpu.average_gradients(model, world_size, 1 / world_size)),
             "per-parameter all-reduce": timed(per_parameter),
         }[name]
         methods[name] = (model.get_action_and_value, model, sync, local_mean_std if name == "none" else global_mean_std)

@@ -16,13 +16,12 @@ import hashlib
 import json
 import math
 import os
-import queue
 import random
 import sys
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import ale_py
@@ -320,22 +319,18 @@ def ppo_loss(newlogprob, entropy, newvalue, logprobs, advantages, returns, value
 # ---------------------------------------------------------------------------------------------
 # Data parallel: the collective operations
 # ---------------------------------------------------------------------------------------------
-class CollectiveTime:
-    """Seconds this process has spent in collective calls, mostly waiting for the slower processes:
-    `--env-split measured` counts a process's work as its time without them."""
-
-    seconds, cuda_sync = 0.0, False  # cuda_sync: on a GPU, whose calls return before it has run them
-
-
 def collective(function):
+    """A collective call, timed: --env-split measured (EnvSplitter) counts a process's work as its time without
+    its collective calls, where it mostly waits for the slower processes."""
+
     @functools.wraps(function)
     def timed(*args, **kwargs):
-        synchronize = torch.cuda.synchronize if CollectiveTime.cuda_sync else lambda: None
+        synchronize = torch.cuda.synchronize if EnvSplitter.cuda_sync else lambda: None
         synchronize()
         start = time.perf_counter()
         result = function(*args, **kwargs)
         synchronize()
-        CollectiveTime.seconds += time.perf_counter() - start
+        EnvSplitter.collective_seconds += time.perf_counter() - start
         return result
 
     return timed
@@ -361,8 +356,8 @@ def global_mean_std(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @collective
 def job_mean(x: torch.Tensor, weight: float) -> torch.Tensor:
-    """The job's mean of a statistic each rank computed on its share: the sum over ranks of
-    weight * x, where weight is the rank's fraction of the job's samples."""
+    """The job's mean of a statistic each rank computed on its share: the sum over ranks of weight * x,
+    `weight` the rank's fraction of the job's samples."""
     x = x * weight
     dist.all_reduce(x)
     return x
@@ -370,25 +365,22 @@ def job_mean(x: torch.Tensor, weight: float) -> torch.Tensor:
 
 @collective
 def average_gradients(agent: nn.Module, world_size: int, weight: float):
-    """Replaces every gradient by its mean over the processes, weighted by their shares of the minibatch:
-    each rank's loss is a mean over its share, so the whole minibatch's gradient is the sum over ranks of
-    weight * gradient, `weight` the rank's fraction of the minibatch. One all-reduce of one flat fp32 buffer
-    (fp32 under bf16 autocast too): as fast as DistributedDataParallel, without its forward() wrapper."""
+    """Replaces every gradient by the whole minibatch's: each rank's loss is a mean over its share, so that is
+    the sum over ranks of weight * gradient, `weight` the rank's fraction of the minibatch. One all-reduce of
+    one flat fp32 buffer (under bf16 autocast too): as fast as DistributedDataParallel, without its wrapper."""
     if world_size == 1:
         return
     grads = [p.grad for p in agent.parameters()]
     flat = torch.cat([g.reshape(-1) for g in grads]) * weight
     dist.all_reduce(flat)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view(g.shape))
-        offset += g.numel()
+    for grad, averaged in zip(grads, flat.split([g.numel() for g in grads])):
+        grad.copy_(averaged.view(grad.shape))
 
 
 @collective
-def gather_to_rank_0(obj, rank: int, world_size: int) -> list | None:
+def gather_to_rank_0(obj) -> list | None:
     """Every rank's `obj`, in a list on rank 0 (None on the other ranks)."""
-    gathered = [None] * world_size if rank == 0 else None
+    gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(obj, gathered, dst=0)
     return gathered
 
@@ -411,42 +403,41 @@ def main(args: Args):
     device = process_device(args, local_rank)
     if rank == 0:
         warn_if_bf16_is_slow(args.mixed_precision, device)
-
     autocast = torch.autocast(device.type, torch.bfloat16, enabled=args.mixed_precision == "bf16")
 
+    run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     if args.eval_checkpoint is not None and rank > 0:  # rank 0 alone plays the saved model's games
         return
     if args.eval_checkpoint is not None:  # no training: play the saved model's games
-        run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
         writer = start_logging(args, run_name, None)
         run_evaluation(args, device, writer, run_name)
         writer.close()
         return
     backend = start_process_group(args, rank, device)
-    run_name, checkpoint, run_lock = read_checkpoint_on_rank_0(args, rank)
+    checkpoint, run_name, run_lock = read_checkpoint_on_rank_0(args, rank, run_name)
     checkpoint_folder = f"runs/{run_name}/checkpoints"
-    writer = start_logging(args, run_name, checkpoint) if rank == 0 else None
+    writer = start_logging(args, run_name, checkpoint) if rank == 0 else Silent()  # rank 0 logs the job
 
-    start_iteration = checkpoint["iteration"] if checkpoint is not None else 0
     split = first_split(args, checkpoint, rank)  # the number of environments of each process
-    envs, env_offset, env_seed, next_obs, lives = start_environments(args, split, rank, start_iteration, device)
+    envs = make_envs(args.env_id, split[rank], args.repeat_action_probability, args.max_episode_steps)
     agent = Agent(int(envs.single_action_space.n)).to(device).to(memory_format=torch.channels_last)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     obs, actions, logprobs, rewards, dones, values = rollout_storage(args.num_steps, split[rank], device)
 
-    global_step, env0_games, recent_returns = 0, 0, deque(maxlen=20)
+    start_iteration, global_step, env0_games, recent_returns = 0, 0, 0, deque(maxlen=20)
     if checkpoint is not None:
         agent.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
+        start_iteration, global_step = checkpoint["iteration"], checkpoint["global_step"]
         restore_random_streams(checkpoint["rng_states"], args, start_iteration, rank, device)
-        global_step = checkpoint["global_step"]
         env0_games = checkpoint["env0_games"]  # the games env 0 finished: videos go on numbering from there
         recent_returns.extend(checkpoint["recent_returns"])  # for the progress lines only
     for tensor in agent.state_dict().values():  # every rank starts from rank 0's weights, bit for bit
         dist.broadcast(tensor, src=0)
 
+    env_offset, env_seed, next_obs, lives = reset_environments(envs, args, split, rank, start_iteration, device)
     episode_stats = EpisodeStatistics(split[rank])
-    progress = Progress(args.num_iterations * args.batch_size, args.progress_interval)
+    progress = Progress(args.num_iterations * args.batch_size, args.progress_interval) if rank == 0 else Silent()
     video = None
     if args.capture_video and rank == 0:
         video = VideoRecorder(f"videos/{run_name}", args.env_id, env_seed, args, env0_games)
@@ -492,15 +483,15 @@ def main(args: Args):
                 video.step(action[0])
             env0_games += bool(game_over[0])
             # The env steps of one vector step count as consecutive global steps, env 0 first, so
-            # every game is logged at a step of its own.
+            # every game is logged at a step of its own (env_offset + i: env i's index in the job).
             for i, episodic_return, episodic_length in episode_stats.step(reward, game_over):
-                game_step = global_step - args.num_envs + env_offset + i + 1  # env_offset + i: its index in the job
-                finished_games.append((game_step, episodic_return, episodic_length))
+                finished_games.append(
+                    (global_step - args.num_envs + env_offset + i + 1, episodic_return, episodic_length)
+                )
 
         # Rank 0 logs the games of the whole job: every rank's finished games are gathered to it.
         games_played += len(finished_games)
-        games_of_all_ranks = gather_to_rank_0(finished_games, rank, args.world_size) or []
-        for game_step, episodic_return, episodic_length in sorted(sum(games_of_all_ranks, [])):
+        for game_step, episodic_return, episodic_length in sorted(sum(gather_to_rank_0(finished_games) or [], [])):
             recent_returns.append(episodic_return)
             writer.add_scalar("charts/episodic_return", episodic_return, game_step)
             writer.add_scalar("charts/episodic_length", episodic_length, game_step)
@@ -527,54 +518,41 @@ def main(args: Args):
                 mb_inds = b_inds[start : start + local_minibatch_size]
                 with autocast:
                     _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
-                loss, stats = ppo_loss(
-                    newlogprob,
-                    entropy,
-                    newvalue,
-                    b_logprobs[mb_inds],
-                    b_advantages[mb_inds],
-                    b_returns[mb_inds],
-                    b_values[mb_inds],
-                    args,
-                )
+                old = b_logprobs[mb_inds], b_advantages[mb_inds], b_returns[mb_inds], b_values[mb_inds]
+                loss, stats = ppo_loss(newlogprob, entropy, newvalue, *old, args)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 average_gradients(agent, args.world_size, share)
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
                 clipfracs.append(stats["clipfrac"])
-            # Decided on the job's KL, the same on every rank: no rank stops alone (and leaves the others
-            # waiting in an all-reduce).
+            # Decided on the job's KL, alike on every rank: none stops alone, leaving the others in an all-reduce.
             if args.target_kl is not None and job_mean(stats["approx_kl"], share) > args.target_kl:
                 break
 
         # The logged figures are the job's: statistics averaged over ranks, explained variance of all values.
-        stats = dict(stats, clipfrac=torch.stack(clipfracs).mean())
-        stats = dict(zip(stats, job_mean(torch.stack(list(stats.values())), share).tolist()))
         var_y = global_mean_std(b_returns)[1].item() ** 2
         explained_var = np.nan if var_y == 0 else 1 - global_mean_std(b_returns - b_values)[1].item() ** 2 / var_y
+        stats["clipfrac"] = torch.stack(clipfracs).mean()  # over the whole update; the others: its last minibatch
+        stats = dict(zip(stats, job_mean(torch.stack(list(stats.values())), share)))
 
         sps = int((global_step - start_global_step) / (time.time() - start_time))
-        if rank == 0:
-            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            writer.add_scalar("losses/value_loss", stats["value_loss"], global_step)
-            writer.add_scalar("losses/policy_loss", stats["policy_loss"], global_step)
-            writer.add_scalar("losses/entropy", stats["entropy"], global_step)
-            writer.add_scalar("losses/old_approx_kl", stats["old_approx_kl"], global_step)
-            writer.add_scalar("losses/approx_kl", stats["approx_kl"], global_step)
-            writer.add_scalar("losses/clipfrac", stats["clipfrac"], global_step)
-            writer.add_scalar("losses/explained_variance", explained_var, global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            writer.add_scalar("charts/world_size", args.world_size, global_step)
-            for r, envs_of_r in enumerate(split):
-                writer.add_scalar(f"charts/local_num_envs/rank_{r}", envs_of_r, global_step)
-            progress.show(global_step, sps, recent_returns)
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        for name, value in stats.items():
+            writer.add_scalar(f"losses/{name}", value.item(), global_step)
+        writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        writer.add_scalar("charts/world_size", args.world_size, global_step)
+        for r, envs_of_r in enumerate(split):
+            writer.add_scalar(f"charts/local_num_envs/rank_{r}", envs_of_r, global_step)
+        progress.show(global_step, sps, recent_returns)
 
         if splitter is not None and (new_split := splitter.next_split(split, iteration, rank)) != split:
             # The processes start new environments for the new split; their games in progress are not logged.
             split = new_split
             envs.close()
-            envs, env_offset, env_seed, next_obs, lives = start_environments(args, split, rank, iteration, device)
+            envs = make_envs(args.env_id, split[rank], args.repeat_action_probability, args.max_episode_steps)
+            env_offset, env_seed, next_obs, lives = reset_environments(envs, args, split, rank, iteration, device)
             episode_stats = EpisodeStatistics(split[rank])
             obs, actions, logprobs, rewards, dones, values = rollout_storage(args.num_steps, split[rank], device)
             if video is not None:  # env 0 of rank 0 plays a new game: so must its shadow
@@ -582,18 +560,13 @@ def main(args: Args):
                 video = VideoRecorder(f"videos/{run_name}", args.env_id, env_seed, args, env0_games)
 
         if args.checkpoint_every and (iteration % args.checkpoint_every == 0 or iteration == args.num_iterations):
-            # The weights and the optimizer are the same on every rank; the random streams are not.
-            cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-            rng_states = gather_to_rank_0({"torch": torch.get_rng_state(), "cuda": cuda_rng}, rank, args.world_size)
-            if rank == 0:
-                writer.flush()  # everything up to this checkpoint is on disk before it counts
-                state = dict(model=agent.state_dict(), optimizer=optimizer.state_dict(), iteration=iteration)
-                state.update(global_step=global_step, env0_games=env0_games, recent_returns=list(recent_returns))
-                state.update(rng_states=rng_states, env_split=split)
-                save_checkpoint(checkpoint_folder, f"iteration-{iteration:07d}.pt", state, args, run_name)
+            writer.flush()  # everything up to this checkpoint is on disk before it counts
+            state = dict(model=agent.state_dict(), optimizer=optimizer.state_dict(), iteration=iteration)
+            state.update(global_step=global_step, env0_games=env0_games, recent_returns=list(recent_returns))
+            state.update(env_split=split)
+            save_checkpoint(checkpoint_folder, f"iteration-{iteration:07d}.pt", state, args, run_name)
 
     if rank == 0:
-        progress.close()
         recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
         print(
             f"finished {args.num_iterations} iterations, {global_step} steps, {sps} SPS, "
@@ -613,8 +586,7 @@ def main(args: Args):
         save_model(model_path, agent, args)
         print(f"model saved to {model_path}")
         run_evaluation(args, device, writer, run_name, agent)
-    if writer is not None:
-        writer.close()
+    writer.close()
     if run_lock is not None:
         run_lock.close()
 
@@ -655,25 +627,24 @@ def start_process_group(args: Args, rank: int, device: torch.device) -> str:
     return backend
 
 
-def read_checkpoint_on_rank_0(args: Args, rank: int):
-    """The run's name and, under --resume, its checkpoint, the same on every rank; on rank 0 the run's
-    lock (lock_run) when the run writes or reads checkpoints. Rank 0 alone reads the files and hands
-    them to every rank: only its node needs them, and an error it finds stops every rank."""
-    shared = dict(run_name=f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}")
-    run_lock = None
+def read_checkpoint_on_rank_0(args: Args, rank: int, run_name: str):
+    """The checkpoint under --resume and the run's name, the same on every rank; on rank 0 the run's lock.
+    Rank 0 alone reads the files and hands them to every rank: only its node needs them, and a user error
+    it finds stops every rank."""
+    checkpoint, run_lock, error = None, None, None
     if rank == 0:
         try:
-            shared["checkpoint"] = load_checkpoint(args.resume, args) if args.resume is not None else None
-            shared["run_name"] = shared["checkpoint"]["run_name"] if shared["checkpoint"] else shared["run_name"]
-            if args.checkpoint_every or shared["checkpoint"]:
-                run_lock = lock_run(f"runs/{shared['run_name']}/checkpoints")
-        except SystemExit as error:  # a user error (fail) stops every rank, not rank 0 alone
-            shared["error"] = error.code
-    box = [shared]
-    dist.broadcast_object_list(box, src=0)
-    if "error" in box[0]:
-        sys.exit(box[0]["error"])
-    return box[0]["run_name"], box[0].get("checkpoint"), run_lock
+            checkpoint = load_checkpoint(args.resume, args) if args.resume is not None else None
+            run_name = checkpoint["run_name"] if checkpoint else run_name  # a resumed run goes on in its own folder
+            run_lock = lock_run(f"runs/{run_name}/checkpoints") if args.checkpoint_every or checkpoint else None
+        except SystemExit as user_error:
+            error = user_error.code
+    shared = [(checkpoint, run_name, error)]
+    dist.broadcast_object_list(shared, src=0)
+    checkpoint, run_name, error = shared[0]
+    if error is not None:
+        sys.exit(error)
+    return checkpoint, run_name, run_lock
 
 
 def restore_random_streams(streams: list[dict], args: Args, iteration: int, rank: int, device: torch.device):
@@ -687,24 +658,29 @@ def restore_random_streams(streams: list[dict], args: Args, iteration: int, rank
         torch.cuda.set_rng_state(streams[rank]["cuda"], device)
 
 
-def start_environments(args: Args, split: list[int], rank: int, iteration: int, device):
-    """This process's share of the job's environments, started at an iteration boundary: the vector env, the
-    job's index of its first environment, its seed, the first observations and lives. Environment i of the job
-    gets seed + iteration * num_envs + i: environments started later (by a resume or a new split) start new
-    games, on seeds the run has not used."""
+def reset_environments(envs, args: Args, split: list[int], rank: int, iteration: int, device):
+    """Starts new games in this process's share of the job's environments; returns the job's index of its first
+    environment, its seed, the first observations and lives. Environment i of the job gets seed + iteration *
+    num_envs + i: environments started later (by a resume or a new split) play on seeds the run has not used."""
     env_offset = sum(split[:rank])
     env_seed = args.seed + iteration * args.num_envs + env_offset
-    envs = make_envs(args.env_id, split[rank], args.repeat_action_probability, args.max_episode_steps)
     next_obs, info = envs.reset(seed=env_seed)
-    return envs, env_offset, env_seed, torch.from_numpy(next_obs).to(device), info["lives"].copy()
+    return env_offset, env_seed, torch.from_numpy(next_obs).to(device), info["lives"].copy()
 
 
 def rollout_storage(num_steps: int, num_envs: int, device) -> tuple[torch.Tensor, ...]:
-    """obs, actions, logprobs, rewards, dones, values of one rollout of this process's environments.
-    Observations stay uint8: 4x less memory and copying than float."""
+    """obs, actions, logprobs, rewards, dones, values of one rollout. Observations stay uint8: 4x less memory
+    and copying than float."""
     obs = torch.zeros((num_steps, num_envs, 4, 84, 84), dtype=torch.uint8, device=device)
     actions = torch.zeros((num_steps, num_envs), dtype=torch.long, device=device)
     return obs, actions, *(torch.zeros((num_steps, num_envs), device=device) for _ in range(4))
+
+
+class Silent:
+    """The writer and progress lines of ranks > 0: rank 0 alone logs the job."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
 
 
 def describe_job(args: Args, split: list[int], rank: int, device, backend: str, env_seed: int):
@@ -748,9 +724,8 @@ def per_process(split: list[int], factor: float = 1) -> str:
 
 
 def first_split(args: Args, checkpoint: dict | None, rank: int) -> list[int]:
-    """The environments of each process at the start: as even as the minibatches allow (under --env-split
-    measured, which then measures, in multiples of the granularity); a resumed measured run on its world
-    size keeps its split."""
+    """The environments of each process at the start: even (under --env-split measured, which then measures, as
+    even as multiples of the granularity allow); a resumed measured run on its world size keeps its split."""
     granularity = split_granularity(args.num_steps, args.num_minibatches)
     if args.env_split == "even":
         granularity = args.num_envs // args.world_size
@@ -759,10 +734,8 @@ def first_split(args: Args, checkpoint: dict | None, rank: int) -> list[int]:
     if args.env_split == "measured" and len(saved) == args.world_size:
         split = saved
     if rank == 0 and split != saved:
-        print(
-            f"the run's {args.num_envs} environments (on {in_words([len(saved)])} before) are split over "
-            f"{in_words([args.world_size])}: {per_process(split)} per process"
-        )
+        before = f"the run's {args.num_envs} environments (on {in_words([len(saved)])} before)"
+        print(f"{before} are split over {in_words([args.world_size])}: {per_process(split)} per process")
     return split
 
 
@@ -788,14 +761,16 @@ class EnvSplitter:
     after one of warm-up (start-up, new batch shapes); then moves environments to the faster processes if
     that is predicted to shorten the job's iteration by more than --split-threshold (noise does not flap it)."""
 
+    collective_seconds, cuda_sync = 0.0, False  # cuda_sync: on a GPU, whose calls return before they have run
+
     def __init__(self, args: Args, device: torch.device):
         self.args, self.busy_seconds, self.measured, self.warming_up = args, 0.0, 0, True
-        CollectiveTime.cuda_sync = device.type == "cuda"
-        self.clock = (time.perf_counter(), CollectiveTime.seconds)
+        EnvSplitter.cuda_sync = device.type == "cuda"
+        self.clock = (time.perf_counter(), EnvSplitter.collective_seconds)
 
     def next_split(self, split: list[int], iteration: int, rank: int) -> list[int]:
         if not self.warming_up:
-            self.busy_seconds += time.perf_counter() - self.clock[0] - (CollectiveTime.seconds - self.clock[1])
+            self.busy_seconds += time.perf_counter() - self.clock[0] - (EnvSplitter.collective_seconds - self.clock[1])
             self.measured += 1
         self.warming_up = False
         # No new split after the last iteration: none would use it, and the final checkpoint keeps the last one.
@@ -807,18 +782,13 @@ class EnvSplitter:
             balanced = balanced_split(self.args.num_envs, seconds, granularity)
             before, after = iteration_seconds(split, seconds), iteration_seconds(balanced, seconds)
             if after < (1 - self.args.split_threshold) * before:
-                ms = " / ".join(f"{1000 * s:.0f}" for s in seconds)
-                measured = (
-                    f"measured {ms} ms per env and iteration, predicted iteration {before:.2f} s -> {after:.2f} s"
-                )
                 if rank == 0:
-                    print(
-                        f"iteration {iteration}: env split {per_process(split)} -> {per_process(balanced)} per "
-                        f"process: {measured}",
-                        flush=True,
-                    )
+                    measured = " / ".join(f"{1000 * s:.0f}" for s in seconds) + " ms per env and iteration"
+                    moved = f"env split {per_process(split)} -> {per_process(balanced)} per process"
+                    predicted = f"predicted iteration {before:.2f} s -> {after:.2f} s"
+                    print(f"iteration {iteration}: {moved}: measured {measured}, {predicted}", flush=True)
                 split, self.warming_up = balanced, True
-        self.clock = (time.perf_counter(), CollectiveTime.seconds)
+        self.clock = (time.perf_counter(), EnvSplitter.collective_seconds)
         return split
 
 
@@ -843,9 +813,8 @@ def exit_with_user_error(error: SystemExit):
 
 
 # =============================================================================================
-# Run infrastructure: what makes a run watchable, resumable and reusable; not the algorithm. Each
-# block is the same text in every script that has it (tests/test_blocks.py holds the copies equal),
-# but for the lines that end in `# this script`. Design notes: docs/design.md
+# Run infrastructure: what makes a run watchable, resumable and reusable; not the algorithm. Each block
+# is the same text in every script that has it (tests/test_blocks.py), but for lines marked `# this script`.
 # =============================================================================================
 def fail(message: str):
     """A user error: one line naming the problem, a non-zero exit, no traceback."""
@@ -905,29 +874,20 @@ def start_logging(args: Args, run_name: str, checkpoint: dict | None) -> Summary
 
 
 class Progress:
-    """How far the run is, for whoever reads its output: a live line on a terminal; elsewhere (a log
-    file, Slurm, nohup, a container) a plain line at most every `interval` seconds, and always the
-    first and the last one."""
+    """Plain progress lines on stderr, alike on a terminal and in a log file (Slurm, nohup, a container):
+    at most one every `interval` seconds, and always the first and the last one."""
 
     def __init__(self, total_steps: int, interval: float):
         self.total, self.interval, self.last_print = total_steps, interval, -float("inf")
-        self.on_terminal = sys.stderr.isatty()
 
     def show(self, global_step: int, sps: int, recent_returns: deque):
-        now = time.time()
-        if not self.on_terminal and now - self.last_print < self.interval and global_step < self.total:
+        if time.time() - self.last_print < self.interval and global_step < self.total:
             return
-        self.last_print = now
+        self.last_print = time.time()
         recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
-        eta = int((self.total - global_step) / max(sps, 1))
+        eta = (self.total - global_step) // max(sps, 1)
         line = f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
-        line += f" | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
-        print(f"\r{line}   " if self.on_terminal else line, end="" if self.on_terminal else None, file=sys.stderr)
-        sys.stderr.flush()
-
-    def close(self):
-        if self.on_terminal:
-            print(file=sys.stderr)
+        print(f"{line} | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}", file=sys.stderr, flush=True)
 
 
 def capped_cubic(game: int) -> bool:
@@ -938,62 +898,50 @@ def capped_cubic(game: int) -> bool:
 class VideoRecorder:
     """Records games of env 0 as RGB mp4 files, `{folder}/game-{k}.mp4` for the k-th game. The agent's
     envs give only 84x84 grayscale stacks, so a one-env shadow of env 0 (same game, seed and settings,
-    full 210x160 RGB screens) is given env 0's actions and plays the identical game. Frames stream to a
-    thread that pipes them to ffmpeg: training never waits for an encoder, and a long game is never
-    held in memory. A video holds its game's first screen and one per step; `close()` keeps a game
-    still in play up to its last screen. Under --track each finished file goes to wandb."""
+    full 210x160 RGB screens) is given env 0's actions and plays the identical game. Each screen goes
+    straight to an ffmpeg process, which encodes beside training and never holds a whole game. A video
+    holds its game's first screen and one per step; `close()` keeps a game still in play up to its last
+    screen. Under --track each finished file goes to wandb."""
 
     def __init__(self, folder: str, env_id: str, seed: int, args: Args, first_game=0, schedule=capped_cubic):
-        import imageio_ffmpeg  # imported here: only video runs pay for it
-
         os.makedirs(folder, exist_ok=True)
-        self.folder, self.schedule, self.game, self.track = folder, schedule, first_game, args.track
+        self.folder, self.schedule, self.game, self.track, self.ffmpeg = folder, schedule, first_game, args.track, None
         sticky, time_limit = args.repeat_action_probability, args.max_episode_steps
         self.shadow = make_envs(env_id, 1, sticky, time_limit, rgb_frames=True)  # this script
         screen, _ = self.shadow.reset(seed=seed)  # this script
-        self.frames = queue.Queue(maxsize=1000)  # bounded: a stalled encoder slows training, never fills memory
-        self.encoder = threading.Thread(target=self.encode, args=(imageio_ffmpeg,), daemon=True)
-        self.encoder.start()
         self.start_game(screen[0, -1])  # this script
 
     def start_game(self, screen):
-        self.recording = self.schedule(self.game)
-        if self.recording:
-            self.frames.put(os.path.join(self.folder, f"game-{self.game}.mp4"))
-            self.frames.put(screen)
+        if self.schedule(self.game):
+            import imageio_ffmpeg  # imported here: only video runs pay for it
+
+            self.path = os.path.join(self.folder, f"game-{self.game}.mp4")
+            self.ffmpeg = imageio_ffmpeg.write_frames(self.path, (160, 210), fps=30, macro_block_size=1)
+            self.ffmpeg.send(None)  # starts ffmpeg
+            self.ffmpeg.send(np.ascontiguousarray(screen))
 
     def step(self, action_env0: int):
         screen, _, terminated, truncated, info = self.shadow.step(np.array([action_env0]))
-        game_over, last_screen = terminated[0] or truncated[0], info.get("final_obs", screen)[0, -1]  # this script
-        if self.recording:
-            self.frames.put(last_screen if game_over else screen[0, -1])  # this script
-            if game_over:
-                self.frames.put(None)  # the end of this game's file
+        game_over = terminated[0] or truncated[0]  # this script
+        shown = info["final_obs"][0, -1] if game_over else screen[0, -1]  # this script: the screen this step showed
+        if self.ffmpeg is not None and shown is not None:
+            self.ffmpeg.send(np.ascontiguousarray(shown))
         if game_over:
+            self.end_video()
             self.game += 1
             self.start_game(screen[0, -1])  # this script
 
-    def encode(self, imageio_ffmpeg):
-        writer = None
-        while (item := self.frames.get()) is not StopIteration:
-            if isinstance(item, str):
-                path, writer = item, imageio_ffmpeg.write_frames(item, (160, 210), fps=30, macro_block_size=1)
-                writer.send(None)  # starts ffmpeg
-            elif item is None:
-                writer.close()
-                writer = None
-                if self.track:
-                    import wandb
+    def end_video(self):
+        if self.ffmpeg is not None:
+            self.ffmpeg.close()
+            self.ffmpeg = None
+            if self.track:
+                import wandb
 
-                    wandb.log({"videos/game": wandb.Video(path, format="mp4")}, commit=False)
-            else:
-                writer.send(np.ascontiguousarray(item))
-        if writer is not None:
-            writer.close()
+                wandb.log({"videos/game": wandb.Video(self.path, format="mp4")}, commit=False)
 
     def close(self):
-        self.frames.put(StopIteration)
-        self.encoder.join()
+        self.end_video()
         self.shadow.close()
 
 
@@ -1017,12 +965,11 @@ def load_model(path: str, device) -> tuple[nn.Module, dict]:
 
 
 def evaluate(agent: nn.Module, env_id: str, eval_episodes: int, device, args: Args, seed=0, video_folder=None) -> list:
-    """Plays `eval_episodes` whole games (all lives, unclipped score) with the agent's policy."""
+    """Plays `eval_episodes` whole games (all lives, unclipped score) with the agent's policy. Each env plays
+    a fixed quota of games: keeping the first games to finish would favour short (bad) ones."""
     num_envs = min(8, eval_episodes)
-    # Each env plays a fixed quota of games: keeping the first games to finish would favour short (bad) ones.
     quota = [eval_episodes // num_envs + (i < eval_episodes % num_envs) for i in range(num_envs)]
-    sticky, time_limit = args.repeat_action_probability, args.max_episode_steps
-    envs = make_envs(env_id, num_envs, sticky, time_limit)  # this script
+    envs = make_envs(env_id, num_envs, args.repeat_action_probability, args.max_episode_steps)  # this script
     autocast = torch.autocast(device.type, torch.bfloat16, enabled=args.mixed_precision == "bf16")  # this script
     video = (
         VideoRecorder(video_folder, env_id, seed, args, schedule=lambda game: game < quota[0]) if video_folder else None
@@ -1052,10 +999,10 @@ def run_evaluation(args: Args, device, writer: SummaryWriter, run_name: str, age
         agent, saved_args = load_model(args.eval_checkpoint, device)
         env_id = saved_args["env_id"]
         for name in ("repeat_action_probability", "max_episode_steps"):
-            if name in saved_args and saved_args[name] != getattr(args, name):
+            if saved_args.get(name, getattr(args, name)) != getattr(args, name):
+                flag, value = name.replace("_", "-"), getattr(args, name)
                 print(
-                    f"warning: evaluating with --{name.replace('_', '-')} {getattr(args, name)}; "
-                    f"the model was trained with {saved_args[name]}",
+                    f"warning: evaluating with --{flag} {value}; the model was trained with {saved_args[name]}",
                     file=sys.stderr,
                 )
     video_folder = f"videos/{run_name}-eval" if args.capture_video else None
@@ -1068,9 +1015,8 @@ def run_evaluation(args: Args, device, writer: SummaryWriter, run_name: str, age
 
 
 def lock_run(folder: str):
-    """Holds the run's checkpoint folder for this process while the returned file stays open: a second
-    process resuming the same run (a job started twice, a trainer that outlived its runner) would log
-    every step twice and remove the other's checkpoints."""
+    """Holds the run's checkpoint folder while the returned file stays open: a second process resuming the
+    same run (a job started twice) would log every step twice and remove the other's checkpoints."""
     os.makedirs(folder, exist_ok=True)
     lock = open(os.path.join(folder, "lock"), "w")
     try:
@@ -1078,12 +1024,6 @@ def lock_run(folder: str):
     except BlockingIOError:
         fail(f"{folder} is in use: another process is running this run (stop it, or wait for it to end)")
     return lock
-
-
-def script_digest() -> str:
-    """The SHA-256 of this file: a resumed run says when the code changed since its checkpoint."""
-    with open(__file__, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
 
 
 # The resume rule of every script: a resumed run may change how it is watched and saved, and where it
@@ -1094,24 +1034,25 @@ RESUMABLE_CHANGES |= {"cuda", "backend", "device_ids", "world_size", "local_num_
 RESUMABLE_CHANGES |= {"env_split", "split_every", "split_threshold"}  # this script: how the envs are split
 
 
-def save_checkpoint(folder: str, name: str, state: dict, args: Args, run_name: str, keep: int = 2) -> str:
-    """Writes what a resumed run needs to `folder/name`, with the random streams, the run's arguments and
-    name: to a temporary file, synced and renamed, so a crash leaves the previous checkpoint or this one,
-    never a truncated file. The newest `keep` checkpoints are kept."""
+def save_checkpoint(folder: str, name: str, state: dict, args: Args, run_name: str, keep: int = 2):
+    """Writes `state`, the random streams, the arguments and the script's SHA-256 to `folder/name`: to a
+    temporary file, synced and renamed, so a crash leaves the previous checkpoint or this one, never half
+    a file. The newest `keep` checkpoints are kept."""
     path = os.path.join(folder, name)
-    state.update(args=vars(args), run_name=run_name, script_sha256=script_digest())
+    cuda_rng = torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None  # this script
+    state = {**state, "rng_states": gather_to_rank_0({"torch": torch.get_rng_state(), "cuda": cuda_rng})}  # this script
+    if dist.get_rank() > 0:  # this script: the ranks' own random streams are gathered to rank 0, which writes
+        return  # this script
+    state.update(
+        args=vars(args), run_name=run_name, script_sha256=hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    )
     with open(path + ".tmp", "wb") as f:
         torch.save(state, f)  # this script
-        f.flush()
         os.fsync(f.fileno())
     os.replace(path + ".tmp", path)
-    directory = os.open(folder, os.O_RDONLY)  # the rename itself must reach the disk too
-    os.fsync(directory)
-    os.close(directory)
     for older in sorted(glob.glob(os.path.join(folder, "*.pt")))[:-keep]:  # this script
         os.remove(older)
     print(f"checkpoint {path}", flush=True)
-    return path
 
 
 def load_checkpoint(resume: str, args: Args) -> dict | None:
@@ -1135,10 +1076,8 @@ def load_checkpoint(resume: str, args: Args) -> dict | None:
         if name not in RESUMABLE_CHANGES and saved_args.get(name) != value:
             fail(f"--resume: the checkpoint's run has {name}={saved_args.get(name)!r}, this command {value!r}")
     print(f"resuming {run_name} at step {global_step:,} from {resume}", flush=True)
-    if checkpoint.get("script_sha256") != script_digest():
-        print(
-            f"warning: {os.path.basename(__file__)} has changed since the checkpoint: the run goes on with it as it is"
-        )
+    if checkpoint.get("script_sha256") != hashlib.sha256(Path(__file__).read_bytes()).hexdigest():
+        print(f"warning: {os.path.basename(__file__)} has changed since the checkpoint: the run goes on with it")
     return checkpoint
 
 
