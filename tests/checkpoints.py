@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 import torch
-from common import assert_main_fails_with, read_scalars, run_dirs
+from running import assert_main_fails_with, read_scalars, run_dirs
 
 
 def assert_run_resumes_where_its_checkpoint_left_it(

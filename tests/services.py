@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 import time
 
-from common import free_port
+from running import free_port
 
 
 def postgresql_missing() -> str | None:

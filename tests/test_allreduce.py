@@ -10,7 +10,7 @@ import os
 import matplotlib.image
 import pytest
 import torch
-from common import assert_user_error, run_tool
+from running import assert_user_error, run_tool
 
 import benchmark.allreduce as allreduce
 import cleanrl.ppo_atari_multigpu as multigpu

@@ -8,7 +8,7 @@ import difflib
 import os
 
 import pytest
-from common import REPO_ROOT
+from running import REPO_ROOT
 
 MARK = "# this script"
 

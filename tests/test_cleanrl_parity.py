@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 import tyro
-from common import run_dirs, run_script
+from running import run_dirs, run_script
 
 import cleanrl.dqn as dqn
 import cleanrl.dqn_atari as dqn_atari

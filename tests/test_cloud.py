@@ -27,8 +27,8 @@ import botocore.session
 import pytest
 import torch
 from botocore.validate import ParamValidator
-from common import REPO_ROOT, assert_user_error, free_port, rank_lines, read_scalars, run_dirs, stop, wait_all
 from moto.server import ThreadedMotoServer
+from running import REPO_ROOT, assert_user_error, free_port, rank_lines, read_scalars, run_dirs, stop, wait_all
 
 import cleanrl.ppo_atari_multigpu as multigpu
 

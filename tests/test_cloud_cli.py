@@ -26,7 +26,7 @@ import types
 import urllib.request
 
 import pytest
-from common import REPO_ROOT, free_port
+from running import REPO_ROOT, free_port
 
 DOCS = os.path.join(REPO_ROOT, "docs", "cloud.md")
 BIN = os.path.dirname(sys.executable)

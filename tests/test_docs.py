@@ -12,7 +12,8 @@ import shlex
 
 import pytest
 import yaml
-from common import PPO_TAGS, REPO_ROOT
+from run_outputs import PPO_TAGS
+from running import REPO_ROOT
 
 SCRIPTS = sorted(
     os.path.basename(path)[: -len(".py")] for path in glob.glob(os.path.join(REPO_ROOT, "cleanrl", "*.py"))

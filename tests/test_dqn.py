@@ -7,23 +7,19 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from common import (
-    DQN_TAGS,
+from evaluation import (
     assert_corrupt_checkpoint_rejected,
     assert_evaluation_printed,
+    assert_tracked_evaluation_logs_under_the_models_env,
+)
+from references import (
     assert_linear_epsilon_schedule,
-    assert_main_fails_with,
-    assert_progress_follows_the_convention,
-    assert_progress_lines_printed,
     assert_target_update_copies_or_averages,
     assert_td_target_bootstraps_from_the_target_network,
     assert_td_target_matches_reference,
-    assert_tracked_evaluation_logs_under_the_models_env,
-    assert_user_error,
-    read_scalars,
-    run_dirs,
-    run_script,
 )
+from run_outputs import DQN_TAGS, assert_progress_follows_the_convention, assert_progress_lines_printed
+from running import assert_main_fails_with, assert_user_error, read_scalars, run_dirs, run_script
 
 import cleanrl.dqn as dqn
 

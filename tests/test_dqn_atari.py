@@ -10,30 +10,28 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
-from common import (
-    DQN_TAGS,
-    CutOff,
+from evaluation import (
     assert_corrupt_checkpoint_rejected,
     assert_evaluation_printed,
     assert_evaluation_warns_when_emulator_settings_differ,
-    assert_linear_epsilon_schedule,
-    assert_main_fails_with,
-    assert_progress_follows_the_convention,
-    assert_progress_lines_printed,
     assert_saved_model_loads_identically,
+    assert_tracked_evaluation_logs_under_the_models_env,
+)
+from interruptions import CutOff, cut_off_at, flushing_writer
+from references import (
+    assert_linear_epsilon_schedule,
     assert_target_update_copies_or_averages,
     assert_td_target_bootstraps_from_the_target_network,
     assert_td_target_matches_reference,
-    assert_tracked_evaluation_logs_under_the_models_env,
-    assert_user_error,
+)
+from run_outputs import (
+    DQN_TAGS,
+    assert_progress_follows_the_convention,
+    assert_progress_lines_printed,
     assert_videos_show_whole_games_of_env_0,
     capped_cubic_games,
-    cut_off_at,
-    flushing_writer,
-    read_scalars,
-    run_dirs,
-    run_script,
 )
+from running import assert_main_fails_with, assert_user_error, read_scalars, run_dirs, run_script
 
 import cleanrl.dqn_atari as dqn_atari
 

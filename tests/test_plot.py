@@ -10,7 +10,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 import scipy.stats
-from common import assert_user_error, run_tool
+from running import assert_user_error, run_tool
 from torch.utils.tensorboard import SummaryWriter
 
 import benchmark.plot as plot

@@ -6,17 +6,14 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from common import (
+from references import assert_gae_matches_reference
+from run_outputs import (
     PPO_TAGS,
-    assert_gae_matches_reference,
     assert_progress_follows_the_convention,
     assert_progress_lines_off_a_terminal,
-    assert_user_error,
     mp4_frames,
-    read_scalars,
-    run_dirs,
-    run_script,
 )
+from running import assert_user_error, read_scalars, run_dirs, run_script
 
 import cleanrl.ppo as ppo
 

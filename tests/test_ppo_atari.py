@@ -8,26 +8,23 @@ import numpy as np
 import pytest
 import torch
 from checkpoints import assert_run_resumes_where_its_checkpoint_left_it
-from common import (
+from evaluation import (
     assert_corrupt_checkpoint_rejected,
     assert_evaluation_printed,
     assert_evaluation_warns_when_emulator_settings_differ,
-    assert_gae_matches_reference,
-    assert_ppo_loss_matches_reference,
+    assert_saved_model_loads_identically,
+)
+from fake_envs import assert_rollout_dones_and_rewards, recording_make_envs
+from references import assert_gae_matches_reference, assert_ppo_loss_matches_reference
+from run_outputs import (
     assert_progress_follows_the_convention,
     assert_progress_line_per_iteration,
-    assert_rollout_dones_and_rewards,
-    assert_saved_model_loads_identically,
     assert_short_atari_run_logged,
-    assert_user_error,
     assert_videos_show_whole_games_of_env_0,
     assert_warns_when_bf16_is_slow,
     capped_cubic_games,
-    read_scalars,
-    recording_make_envs,
-    run_dirs,
-    run_script,
 )
+from running import assert_user_error, read_scalars, run_dirs, run_script
 
 import cleanrl.ppo_atari as ppo_atari
 

@@ -17,22 +17,17 @@ import numpy as np
 import optax
 import pytest
 from checkpoints import assert_run_resumes_where_its_checkpoint_left_it
-from common import (
-    REPO_ROOT,
-    assert_corrupt_checkpoint_rejected,
-    assert_gae_matches_reference,
+from evaluation import assert_corrupt_checkpoint_rejected, assert_tracked_evaluation_logs_under_the_models_env
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+from references import assert_gae_matches_reference
+from run_outputs import (
     assert_progress_follows_the_convention,
     assert_progress_line_per_iteration,
     assert_short_atari_run_logged,
-    assert_tracked_evaluation_logs_under_the_models_env,
-    assert_user_error,
     mp4_frames,
-    read_scalars,
-    run_dirs,
-    run_script,
 )
-from jax.sharding import Mesh
-from jax.sharding import PartitionSpec as P
+from running import REPO_ROOT, assert_user_error, read_scalars, run_dirs, run_script
 
 import cleanrl.ppo_atari_envpool_xla_jax_scan as ppo_jax
 

@@ -19,18 +19,15 @@ import numpy as np
 import pytest
 import torch
 from checkpoints import assert_run_resumes_where_its_checkpoint_left_it
-from common import (
-    PPO_TAGS,
+from evaluation import assert_evaluation_warns_when_emulator_settings_differ
+from fake_envs import assert_rollout_dones_and_rewards
+from references import assert_ppo_loss_matches_reference
+from run_outputs import PPO_TAGS, assert_warns_when_bf16_is_slow, capped_cubic_games, mp4_frames
+from running import (
     REPO_ROOT,
-    assert_evaluation_warns_when_emulator_settings_differ,
     assert_main_fails_with,
-    assert_ppo_loss_matches_reference,
-    assert_rollout_dones_and_rewards,
     assert_user_error,
-    assert_warns_when_bf16_is_slow,
-    capped_cubic_games,
     free_port,
-    mp4_frames,
     rank_lines,
     read_scalars,
     run_dirs,

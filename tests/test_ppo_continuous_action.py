@@ -6,22 +6,17 @@ import os
 import numpy as np
 import pytest
 import torch
-from common import (
+from evaluation import eval_returns
+from fake_envs import RecordingEnvs
+from references import assert_gae_matches_reference, assert_ppo_loss_matches_reference
+from run_outputs import (
     PPO_TAGS,
-    RecordingEnvs,
     assert_episodes_0_1_8_recorded_and_uploaded,
-    assert_gae_matches_reference,
-    assert_main_fails_with,
-    assert_ppo_loss_matches_reference,
     assert_progress_follows_the_convention,
-    assert_user_error,
-    eval_returns,
     mujoco_offscreen_rendering_error,
     progress_steps,
-    read_scalars,
-    run_dirs,
-    run_script,
 )
+from running import assert_main_fails_with, assert_user_error, read_scalars, run_dirs, run_script
 
 import cleanrl.ppo_continuous_action as pca
 

@@ -15,9 +15,9 @@ import sys
 import tomllib
 
 import pytest
-from common import REPO_ROOT
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from running import REPO_ROOT
 
 REQUIREMENTS = os.path.join(REPO_ROOT, "requirements")
 FILES = {"requirements.txt": [], "requirements-jax.txt": ["envpool", "jax"]}  # file: the extras it adds

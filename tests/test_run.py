@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from common import FAKE_TRAIN, REPO_ROOT, assert_user_error, is_alive, run_tool, subprocess_environment
+from running import FAKE_TRAIN, REPO_ROOT, assert_user_error, is_alive, run_tool, subprocess_environment
 
 FAKE = f"{sys.executable} {FAKE_TRAIN}"
 CORES = len(os.sched_getaffinity(0))

@@ -7,18 +7,14 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from common import (
+from evaluation import eval_returns
+from run_outputs import (
     assert_episodes_0_1_8_recorded_and_uploaded,
-    assert_main_fails_with,
     assert_progress_follows_the_convention,
-    assert_user_error,
-    eval_returns,
     mujoco_offscreen_rendering_error,
     progress_steps,
-    read_scalars,
-    run_dirs,
-    run_script,
 )
+from running import assert_main_fails_with, assert_user_error, read_scalars, run_dirs, run_script
 
 import cleanrl.sac_continuous_action as sac
 

@@ -9,8 +9,8 @@ import sys
 
 import optuna
 import pytest
-from common import REPO_ROOT, run_tool
 from optuna.trial import TrialState
+from running import REPO_ROOT, run_tool
 from services import slurm_cluster, slurm_missing, wait_for_slurm_jobs
 
 pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")

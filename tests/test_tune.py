@@ -14,9 +14,9 @@ import time
 
 import optuna
 import pytest
-from common import REPO_ROOT, assert_user_error, is_alive, run_tool, subprocess_environment
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
+from running import REPO_ROOT, assert_user_error, is_alive, run_tool, subprocess_environment
 from services import postgresql_missing, postgresql_server
 
 # RetryHeartbeatStaleTrialCallback and its helpers are "experimental" in Optuna (since 2.8).

@@ -1,0 +1,100 @@
+"""Saved models and their evaluation: the checks every script that saves a model must pass."""
+
+import glob
+import os
+import re
+
+from running import assert_user_error, read_scalars, run_dirs, run_script
+
+
+def assert_saved_model_loads_identically(module, tmp_path):
+    """A torch Atari script's save_model -> load_model keeps the weights bit for bit and the args."""
+    import torch
+
+    args = module.Args()
+    path = str(tmp_path / "model.cleanrl_model")
+    network = save_fresh_model(module, path, args)
+    loaded, saved_args = module.load_model(path, torch.device("cpu"))
+    assert saved_args["env_id"] == args.env_id
+    outputs = (lambda net, obs: net(obs)) if hasattr(module, "QNetwork") else (lambda net, obs: net.get_value(obs))
+    obs = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
+    torch.testing.assert_close(outputs(loaded, obs), outputs(network, obs), rtol=0, atol=0)
+
+
+def assert_evaluation_warns_when_emulator_settings_differ(
+    module, evaluate_checkpoint, played, tmp_path, monkeypatch, capsys
+):
+    """--eval-checkpoint plays under the command's sticky-action probability and time limit. When
+    these are not the ones the model was trained with, its returns do not compare with the training
+    run's, and the evaluation says so on stderr. `evaluate_checkpoint(args)` runs the script's
+    evaluation path, `played` is what the stubbed `evaluate` returns (no game is played)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(module, "evaluate", lambda *args, **kwargs: played)
+    trained = dict(repeat_action_probability=0.25, max_episode_steps=1000)
+    save_fresh_model(module, "model.cleanrl_model", module.Args(**trained))
+    evaluate_checkpoint(module.Args(eval_checkpoint="model.cleanrl_model", **trained))
+    assert "warning" not in capsys.readouterr().err
+    evaluate_checkpoint(module.Args(eval_checkpoint="model.cleanrl_model"))
+    stderr = capsys.readouterr().err
+    assert "warning: evaluating with --repeat-action-probability 0.0; the model was trained with 0.25" in stderr
+    assert "warning: evaluating with --max-episode-steps 27000; the model was trained with 1000" in stderr
+
+
+def save_fresh_model(module, path: str, args):
+    """An Atari script's save_model of an untrained network for Breakout's 4 actions; returns what
+    it saved (the network, or the JAX script's parameters)."""
+    if hasattr(module, "init_params"):  # the JAX script saves parameters and the number of actions
+        import jax
+
+        params = module.init_params(module.Agent(4), jax.random.key(0))
+        module.save_model(path, params, args, 4)
+        return params
+    network = module.QNetwork(4) if hasattr(module, "QNetwork") else module.Agent(4)
+    module.save_model(path, network, args)
+    return network
+
+
+def assert_evaluation_printed(result, num_games: int):
+    """An evaluation run exited 0 and printed each game's return and the mean."""
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("eval_episode=") == num_games
+    assert "eval: mean return" in result.stdout
+
+
+def assert_tracked_evaluation_logs_under_the_models_env(
+    script: str, model_path: str, model_env_id: str, other_env_id: str, folder, *args: str, env: dict | None = None
+):
+    """An evaluation of a saved model under --track, in a fresh folder, with another env id on the
+    command line: it plays and prints its games, its run is named after the model's env (the game
+    it played), and it reaches wandb (an offline run here)."""
+    os.makedirs(folder)
+    result = run_script(
+        script,
+        "--eval-checkpoint",
+        model_path,
+        "--env-id",
+        other_env_id,
+        "--track",
+        *args,
+        cwd=folder,
+        env={**(env or {}), "WANDB_DIR": str(folder)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("eval_episode=") >= 1 and "eval: mean return" in result.stdout
+    (run_dir,) = run_dirs(folder)
+    assert os.path.basename(run_dir).startswith(f"{model_env_id.replace('/', '_')}__"), run_dir
+    assert "eval/episodic_return" in read_scalars(run_dir)
+    assert glob.glob(os.path.join(str(folder), "wandb", "offline-run-*")), "no wandb run under --track"
+    return result
+
+
+def assert_corrupt_checkpoint_rejected(script: str, tmp_path):
+    """Evaluating a file that is no checkpoint is a one-line error, not a traceback."""
+    (tmp_path / "corrupt.cleanrl_model").write_bytes(b"not a checkpoint")
+    result = run_script(script, "--eval-checkpoint", "corrupt.cleanrl_model", cwd=tmp_path)
+    assert_user_error(result, "not a readable")
+
+
+def eval_returns(stdout: str) -> list[float]:
+    """The returns an evaluation printed, one `eval_episode=i, episodic_return=R` line per episode."""
+    return [float(x) for x in re.findall(r"eval_episode=\d+, episodic_return=(\S+)", stdout)]

@@ -1,0 +1,118 @@
+"""How the tests run scripts and tools, stop them, and read what they wrote: processes, ports, run folders,
+TensorBoard scalars, and the one-line user errors."""
+
+import glob
+import os
+import re
+import socket
+import subprocess
+import sys
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# A stand-in training script that prints the scripts' progress lines (for the benchmark tools' tests).
+FAKE_TRAIN = os.path.join(REPO_ROOT, "tests", "fake_train.py")
+
+
+def subprocess_environment(env: dict | None = None) -> dict:
+    return {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **(env or {})}
+
+
+def run_script(script: str, *args: str, cwd, env: dict | None = None, timeout: int = 600, launcher=None):
+    """Runs `cleanrl/{script}` with args in `cwd`; returns the CompletedProcess (text output)."""
+    command = (launcher or [sys.executable]) + [os.path.join(REPO_ROOT, "cleanrl", script), *args]
+    return subprocess.run(
+        command, cwd=cwd, env=subprocess_environment(env), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def run_tool(tool: str, *args: str, cwd, env: dict | None = None, timeout: int = 120):
+    """Runs `benchmark/{tool}` with args in `cwd`; returns the CompletedProcess (text output)."""
+    command = [sys.executable, os.path.join(REPO_ROOT, "benchmark", tool), *args]
+    return subprocess.run(
+        command, cwd=cwd, env=subprocess_environment(env), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def is_alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie (a zombie has exited and only waits to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop(process: subprocess.Popen):
+    """Ends a torchrun launch. torchrun starts its workers in sessions of their own, out of reach of a
+    kill of torchrun alone; on SIGTERM it stops them itself. SIGKILL if that does not do it."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def wait_all(launches: list[tuple[subprocess.Popen, object]], timeout: int) -> list[tuple[str, int, object]]:
+    """Waits for processes started together (each with its folder); returns (output, exit code,
+    folder) of each. Whatever happens, none is left running."""
+    outputs = []
+    try:
+        for process, cwd in launches:
+            outputs.append((process.communicate(timeout=timeout)[0], process.returncode, cwd))
+    finally:
+        for process, _ in launches:
+            stop(process)
+    return outputs
+
+
+def rank_lines(output: str, pattern: str) -> dict[int, re.Match]:
+    """The matches of a per-rank message `rank R...` in a run's output, by rank."""
+    return {int(m["rank"]): m for m in re.finditer(pattern, output)}
+
+
+def run_dirs(cwd) -> list[str]:
+    return sorted(glob.glob(os.path.join(str(cwd), "runs", "*")))
+
+
+def read_scalars(run_dir: str) -> dict[str, list[tuple[int, float]]]:
+    """All scalars of a TensorBoard run directory: {tag: [(step, value), ...]}."""
+    accumulator = EventAccumulator(run_dir, size_guidance={"scalars": 0, "tensors": 0})
+    accumulator.Reload()
+    return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
+
+
+def assert_user_error(result, *fragments: str):
+    """A user error: non-zero exit, a one-line `error:` message naming the problem, no traceback."""
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error:"), result.stderr
+    for fragment in fragments:
+        assert fragment in last_line, last_line
+
+
+def assert_main_fails_with(main, args, *fragments: str):
+    """main(args), called in this process, stops with a one-line `error: ...` message naming the
+    problem (what `fail()` gives the shell as stderr and exit status 1). Cheaper than a subprocess
+    per case; `assert_user_error` checks the whole path once per script."""
+    import pytest
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    message = exit_info.value.code
+    assert isinstance(message, str) and message.startswith("error:") and "\n" not in message, message
+    for fragment in fragments:
+        assert fragment in message, message
