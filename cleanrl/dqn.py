@@ -191,7 +191,11 @@ class QNetwork(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.network(x)
+        # The layers' operations without their module calls, which for one CartPole state cost twice the
+        # math (a third of a step). The same operations, so the same numbers.
+        fc1, _, fc2, _, fc3 = self.network
+        hidden = F.relu(F.linear(F.relu(F.linear(x, fc1.weight, fc1.bias)), fc2.weight, fc2.bias))
+        return F.linear(hidden, fc3.weight, fc3.bias)
 
 
 # ---------------------------------------------------------------------------------------------

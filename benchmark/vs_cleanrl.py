@@ -1,0 +1,196 @@
+"""Side by side with CleanRL: each script of cleanrl/ against CleanRL's own, same task, same
+hyperparameters, runs interleaved on one machine, steady SPS from each run's TensorBoard events.
+
+CleanRL is not vendored here: point --cleanrl-dir at a checkout of it
+(`git clone https://github.com/vwxyzjn/cleanrl`). Its scripts run unchanged but for what this stack
+needs, done from outside the file by `run-cleanrl` (below): gymnasium 1.x's vector envs are given
+gymnasium 0.29's autoreset and info layout (`final_observation`, `final_info` as a list), which
+CleanRL's loops read. Their replay buffer (`cleanrl_utils/buffers.py`, Stable-Baselines3's) is imported
+from the checkout.
+
+    python benchmark/vs_cleanrl.py --cleanrl-dir ~/cleanrl                 # every pair, 2 rounds
+    python benchmark/vs_cleanrl.py --cleanrl-dir ~/cleanrl --pairs sac --parallel
+    python benchmark/vs_cleanrl.py run-cleanrl ~/cleanrl/cleanrl/dqn.py --total-timesteps 1000
+
+Steady SPS: env steps per second between the run's first `charts/SPS` event past `measure_from` and
+its last (wall times of the events), so start-up and, for the off-policy scripts, the random-action
+phase before learning starts are left out: that is the "learning phase". A single run gets the
+machine's default threads (torch: one per core), as a user's first run does. --parallel also times
+two seeds at once: ours as benchmark/run.py starts them (OMP_NUM_THREADS=1 each), CleanRL's as two
+plain processes; the figure is the sum of their steady SPS.
+"""
+
+import argparse
+import json
+import os
+import runpy
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+import numpy as np
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+from benchmark.run import cpu_model  # noqa: E402  (the runner's logs name the CPU alike)
+
+
+@dataclass
+class Pair:
+    script: str  # the same file name in cleanrl/ here and in CleanRL's checkout
+    args: list[str]  # the task and a budget, the same for both
+    measure_from: int  # steady SPS from the first SPS event at or after this step
+
+
+PAIRS = {
+    # 10,000 random steps, then learning with epsilon at its floor from step 20,000 (half the budget)
+    "dqn": Pair("dqn", ["--env-id", "CartPole-v1", "--total-timesteps", "60000"], 25_000),
+    "sac": Pair("sac_continuous_action", ["--env-id", "HalfCheetah-v5", "--total-timesteps", "9000"], 5_500),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# CleanRL's scripts on gymnasium 1.x
+# ---------------------------------------------------------------------------------------------
+def run_cleanrl(script: str, argv: list[str]):
+    """Runs CleanRL's `script` as `python script argv` would, its vector envs speaking gymnasium 0.29."""
+    import gymnasium as gym
+
+    class SyncVectorEnv029(gym.vector.SyncVectorEnv):
+        """gymnasium 1.x's SyncVectorEnv with 0.29's behaviour: an ended episode resets in the same step,
+        its last observation in infos["final_observation"], its info (RecordEpisodeStatistics' "episode"
+        included) in infos["final_info"], an array holding one dict per env (None where it goes on)."""
+
+        def __init__(self, env_fns, **kwargs):
+            super().__init__(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, **kwargs)
+
+        def step(self, actions):
+            obs, rewards, terminations, truncations, infos = super().step(actions)
+            if "final_obs" in infos:
+                ended = infos.pop("_final_obs")
+                infos["final_observation"], infos["_final_observation"] = infos.pop("final_obs"), ended
+                batched, _ = infos.pop("final_info"), infos.pop("_final_info", None)
+                per_env = [env_info(batched, i) if ended[i] else None for i in range(self.num_envs)]
+                infos["final_info"], infos["_final_info"] = np.array(per_env, dtype=object), ended
+            return obs, rewards, terminations, truncations, infos
+
+    gym.vector.SyncVectorEnv = SyncVectorEnv029
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(script))))  # its cleanrl_utils
+    sys.argv = [script, *argv]
+    runpy.run_path(script, run_name="__main__")
+
+
+def env_info(batched: dict, i: int) -> dict:
+    """Env i's info out of a vector env's batched one (dicts of arrays, "_key" masks left out)."""
+    return {k: env_info(v, i) if isinstance(v, dict) else v[i] for k, v in batched.items() if not k.startswith("_")}
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurement
+# ---------------------------------------------------------------------------------------------
+def command(side: str, pair: Pair, cleanrl_dir: str, seed: int) -> list[str]:
+    if side == "cleanrl":
+        script = os.path.join(cleanrl_dir, "cleanrl", f"{pair.script}.py")
+        return [sys.executable, os.path.abspath(__file__), "run-cleanrl", script, *pair.args, "--seed", str(seed)]
+    return [sys.executable, os.path.join(REPO_ROOT, "cleanrl", f"{pair.script}.py"), *pair.args, "--seed", str(seed)]
+
+
+def steady_sps(run_dir: str, measure_from: int) -> float:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    accumulator.Reload()
+    events = [e for e in accumulator.Scalars("charts/SPS") if e.step >= measure_from]
+    if len(events) < 2:
+        sys.exit(f"error: {run_dir} logged {len(events)} SPS events past step {measure_from}: raise its budget")
+    return (events[-1].step - events[0].step) / (events[-1].wall_time - events[0].wall_time)
+
+
+def measure(side: str, pair: Pair, cleanrl_dir: str, processes: int) -> float:
+    """The summed steady SPS of `processes` runs started at once (seeds 1, 2, ...)."""
+    env = dict(os.environ)
+    env.pop("OMP_NUM_THREADS", None)
+    if processes > 1 and side == "ours":
+        env["OMP_NUM_THREADS"] = "1"  # benchmark/run.py's rule for runs that share the cores
+    with tempfile.TemporaryDirectory() as workdir:
+        runs = []
+        for seed in range(1, processes + 1):
+            log = open(os.path.join(workdir, f"{seed}.log"), "w")
+            runs.append(
+                (
+                    subprocess.Popen(
+                        command(side, pair, cleanrl_dir, seed),
+                        cwd=workdir,
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    ),
+                    log,
+                )
+            )
+        for process, log in runs:
+            process.wait()
+            log.close()
+            if process.returncode != 0:
+                with open(log.name) as f:
+                    sys.exit(f"error: {' '.join(process.args)} failed:\n{f.read()[-2000:]}")
+        run_dirs = [os.path.join(workdir, "runs", name) for name in sorted(os.listdir(os.path.join(workdir, "runs")))]
+        return sum(steady_sps(run_dir, pair.measure_from) for run_dir in run_dirs)
+
+
+def main():
+    if len(sys.argv) > 2 and sys.argv[1] == "run-cleanrl":
+        return run_cleanrl(sys.argv[2], sys.argv[3:])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cleanrl-dir", required=True, help="a checkout of CleanRL (its cleanrl/ and cleanrl_utils/)")
+    parser.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=list(PAIRS))
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions; the table gives medians")
+    parser.add_argument("--parallel", action="store_true", help="also two seeds at once on the same cores")
+    parser.add_argument("--json", help="also write the rows and every round's figures to this file")
+    cli = parser.parse_args()
+    for name in cli.pairs:
+        path = os.path.join(cli.cleanrl_dir, "cleanrl", f"{PAIRS[name].script}.py")
+        if not os.path.isfile(path):
+            parser.exit(2, f"error: {path} does not exist: --cleanrl-dir must be a checkout of CleanRL\n")
+    if cli.rounds < 1:
+        parser.exit(2, "error: --rounds must be at least 1\n")
+
+    setups = [(name, processes) for name in cli.pairs for processes in ((1, 2) if cli.parallel else (1,))]
+    samples = {(name, processes, side): [] for name, processes in setups for side in ("cleanrl", "ours")}
+    for round_index in range(cli.rounds):
+        for name, processes in setups:
+            for side in ("cleanrl", "ours"):  # interleaved: a drift of the machine's speed hits both
+                sps = measure(side, PAIRS[name], cli.cleanrl_dir, processes)
+                samples[name, processes, side].append(sps)
+                print(f"round {round_index + 1}: {name} x{processes} {side}: {sps:,.0f} steady SPS", flush=True)
+
+    rows = []
+    for name, processes in setups:
+        cleanrl, ours = (statistics.median(samples[name, processes, side]) for side in ("cleanrl", "ours"))
+        rows.append(
+            {
+                "pair": name,
+                "processes": processes,
+                "args": PAIRS[name].args,
+                "cleanrl_sps": cleanrl,
+                "ours_sps": ours,
+                "speedup": ours / cleanrl,
+                "rounds": {side: samples[name, processes, side] for side in ("cleanrl", "ours")},
+            }
+        )
+    print(f"\nsteady SPS, medians of {cli.rounds} round(s), {cpu_model()}, {os.cpu_count()} cpus")
+    print("| script | task | processes | CleanRL | ours | speed-up |\n|---|---|---|---|---|---|")
+    for row in rows:
+        task = row["args"][row["args"].index("--env-id") + 1]
+        script = f"`{PAIRS[row['pair']].script}.py`"
+        figures = f"{row['cleanrl_sps']:,.0f} | {row['ours_sps']:,.0f} | {row['speedup']:.2f}x"
+        print(f"| {script} | {task} | {row['processes']} | {figures} |")
+    if cli.json:
+        with open(cli.json, "w") as f:
+            json.dump({"cpu": cpu_model(), "cpus": os.cpu_count(), "rounds": cli.rounds, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""benchmark/vs_cleanrl.py, the side-by-side speed check against CleanRL's own scripts: its stand-in for
+gymnasium 0.29's vector-env layout (what CleanRL's loops read), its steady-SPS reading, its bad input.
+The timings themselves are a benchmark (docs/benchmarks.md), not a test."""
+
+import os
+import textwrap
+
+from running import assert_user_error, run_tool
+from torch.utils.tensorboard import SummaryWriter
+
+# A script in CleanRL's manner: a SyncVectorEnv, episodes logged from infos["final_info"], the real last
+# observation from infos["final_observation"]. CartPole with action 1 only falls within a few steps
+# (termination); with a 3-step limit, env 1 is cut off first (truncation).
+CLEANRL_STYLE = """
+import sys
+
+import gymnasium as gym
+import numpy as np
+
+envs = gym.vector.SyncVectorEnv(
+    [lambda: gym.wrappers.RecordEpisodeStatistics(gym.make("CartPole-v1")),
+     lambda: gym.wrappers.RecordEpisodeStatistics(gym.make("CartPole-v1", max_episode_steps=3))]
+)
+obs, _ = envs.reset(seed=int(sys.argv[1]))
+for step in range(1, 4):
+    next_obs, rewards, terminations, truncations, infos = envs.step(np.array([1, 1]))
+    if "final_info" in infos:
+        for i, info in enumerate(infos["final_info"]):
+            if info is not None:
+                real = infos["final_observation"][i]
+                print(f"step {step} env {i} return {info['episode']['r']} length {info['episode']['l']} "
+                      f"truncated {truncations[i]} reset {not np.allclose(next_obs[i], real)}")
+"""
+
+
+def test_cleanrl_style_scripts_see_gymnasium_029s_final_info_and_final_observation(tmp_path):
+    script = tmp_path / "cleanrl" / "style.py"
+    script.parent.mkdir()
+    script.write_text(textwrap.dedent(CLEANRL_STYLE))
+    result = run_tool("vs_cleanrl.py", "run-cleanrl", str(script), "1", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    # env 1 ends at its 3-step limit: one episode, in the same step's final_info (0.29's autoreset), and
+    # the observation returned is already the next episode's first
+    assert "step 3 env 1 return 3.0 length 3 truncated True reset True" in result.stdout, result.stdout
+    assert " env 0 " not in result.stdout  # env 0 goes on: None in final_info
+
+
+def write_sps_events(run_dir, steps_and_times):
+    writer = SummaryWriter(run_dir)
+    for step, wall_time in steps_and_times:
+        writer.add_scalar("charts/SPS", 0, step, walltime=wall_time)
+    writer.close()
+
+
+def test_steady_sps_counts_steps_per_second_between_events_past_the_start(tmp_path):
+    import benchmark.vs_cleanrl as vs_cleanrl
+
+    # 100 steps/s before step 1,000 (start-up, random actions), 50 steps/s after it
+    write_sps_events(str(tmp_path), [(0, 0.0), (500, 5.0), (1000, 10.0), (1500, 20.0), (2000, 30.0)])
+    assert vs_cleanrl.steady_sps(str(tmp_path), measure_from=1000) == 50.0
+    assert vs_cleanrl.steady_sps(str(tmp_path), measure_from=0) == 2000 / 30
+
+
+def test_bad_input_is_a_one_line_error(tmp_path):
+    assert_user_error(run_tool("vs_cleanrl.py", "--cleanrl-dir", str(tmp_path), cwd=tmp_path), "checkout of CleanRL")
+    os.makedirs(tmp_path / "cleanrl")
+    for name in ("dqn.py", "sac_continuous_action.py"):
+        (tmp_path / "cleanrl" / name).write_text("")
+    result = run_tool("vs_cleanrl.py", "--cleanrl-dir", str(tmp_path), "--rounds", "0", cwd=tmp_path)
+    assert_user_error(result, "--rounds")
+    write_sps_events(str(tmp_path / "run"), [(0, 0.0), (100, 1.0)])
+    import benchmark.vs_cleanrl as vs_cleanrl
+
+    try:
+        vs_cleanrl.steady_sps(str(tmp_path / "run"), measure_from=50)
+    except SystemExit as stop:
+        assert "1 SPS events past step 50" in str(stop)
+    else:
+        raise AssertionError("one event past the start is no measurement")
