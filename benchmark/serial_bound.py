@@ -174,8 +174,8 @@ def dqn_work(module, args, envs) -> NetworkWork:
 def sac_work(module, args, env) -> NetworkWork:
     obs_dim, action_dim, batch = env.observation_space.shape[0], env.action_space.shape[0], args.batch_size
     actor = module.Actor(obs_dim, env.action_space.low, env.action_space.high)
-    qf1, qf2, qf1_target, qf2_target = (module.SoftQNetwork(obs_dim, action_dim) for _ in range(4))
-    q_optimizer = torch.optim.Adam(list(qf1.parameters()) + list(qf2.parameters()), lr=args.q_lr, fused=True)
+    qf, qf_target = module.TwinSoftQNetwork(obs_dim, action_dim), module.TwinSoftQNetwork(obs_dim, action_dim)
+    q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.q_lr, fused=True)
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True)
     log_alpha = torch.zeros(1, requires_grad=True)
     a_optimizer = torch.optim.Adam([log_alpha], lr=args.q_lr, fused=True)
@@ -191,37 +191,27 @@ def sac_work(module, args, env) -> NetworkWork:
         step[0] += 1
         with torch.no_grad():
             next_actions, next_log_pi, _ = actor.get_action(next_obs)
-            target = module.soft_td_target(
-                rewards,
-                terminations,
-                qf1_target(next_obs, next_actions),
-                qf2_target(next_obs, next_actions),
-                next_log_pi,
-                0.2,
-                args.gamma,
-            )
-        qf_loss = F.mse_loss(qf1(obs, actions), target) + F.mse_loss(qf2(obs, actions), target)
+            next_q = qf_target(next_obs, next_actions)
+            target = module.soft_td_target(rewards, terminations, next_q, next_log_pi, 0.2, args.gamma)
+        q1, q2 = qf(obs, actions)
+        qf_loss = F.mse_loss(q1, target) + F.mse_loss(q2, target)
         q_optimizer.zero_grad(set_to_none=True)
         qf_loss.backward()
         q_optimizer.step()
         if step[0] % args.policy_frequency == 0:
-            qf1.requires_grad_(False)
-            qf2.requires_grad_(False)
             for _ in range(args.policy_frequency):
                 actions_pi, log_pi, _ = actor.get_action(obs)
-                actor_loss = (0.2 * log_pi - torch.min(qf1(obs, actions_pi), qf2(obs, actions_pi))).mean()
+                q1_pi, q2_pi = qf(obs, actions_pi)
+                actor_loss = (0.2 * log_pi - torch.min(q1_pi, q2_pi)).mean()
                 actor_optimizer.zero_grad(set_to_none=True)
-                actor_loss.backward()
+                actor_loss.backward(inputs=list(actor.parameters()))
                 actor_optimizer.step()
                 alpha_loss = (-log_alpha.exp() * (log_pi.detach() - action_dim)).mean()
                 a_optimizer.zero_grad(set_to_none=True)
                 alpha_loss.backward()
                 a_optimizer.step()
                 log_alpha.exp().item()
-            qf1.requires_grad_(True)
-            qf2.requires_grad_(True)
-        module.soft_update(qf1_target, qf1, args.tau)
-        module.soft_update(qf2_target, qf2, args.tau)
+        module.soft_update(qf_target, qf, args.tau)
 
     return NetworkWork(act, update, 1)
 

@@ -3,10 +3,12 @@
 import glob
 import os
 
+import fake_envs  # noqa: F401  (registers the StepCount test envs)
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+import torch.nn as nn
 from evaluation import eval_returns
 from run_outputs import (
     assert_episodes_0_1_8_recorded_and_uploaded,
@@ -106,8 +108,7 @@ def test_soft_td_target_matches_a_plain_reference_with_done_and_truncation_masks
     target = sac.soft_td_target(
         torch.tensor(rewards),
         terminations,
-        torch.tensor(next_q1),
-        torch.tensor(next_q2),
+        torch.tensor([next_q1, next_q2]),
         torch.tensor(next_log_pi),
         alpha,
         gamma,
@@ -115,9 +116,28 @@ def test_soft_td_target_matches_a_plain_reference_with_done_and_truncation_masks
     torch.testing.assert_close(target, torch.tensor(expected))
 
 
+def test_twin_critics_are_two_independent_networks_of_three_linear_layers():
+    # Each critic starts as its own nn.Linear stack would (the same draws, in order) and computes that stack.
+    torch.manual_seed(0)
+    twin = sac.TwinSoftQNetwork(3, 2)
+    torch.manual_seed(0)
+    critics = [
+        nn.Sequential(nn.Linear(5, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1)) for _ in range(2)
+    ]
+    obs, action = torch.randn(7, 3), torch.randn(7, 2)
+    values = twin(obs, action)
+    assert values.shape == (2, 7)
+    for critic, value in zip(critics, values):
+        torch.testing.assert_close(value, critic(torch.cat([obs, action], dim=1)).squeeze(-1))
+    # a loss on Q1 alone gives Q2's weights no gradient: the critics share nothing
+    values[0].sum().backward()
+    for weight in twin.weights:
+        assert weight.grad[0].abs().sum() > 0 and weight.grad[1].abs().sum() == 0
+
+
 def test_soft_update_moves_the_target_tau_of_the_way():
     torch.manual_seed(0)
-    online, target = sac.SoftQNetwork(3, 2), sac.SoftQNetwork(3, 2)
+    online, target = sac.TwinSoftQNetwork(3, 2), sac.TwinSoftQNetwork(3, 2)
     before = [p.clone() for p in target.parameters()]
     sac.soft_update(target, online, 0.1)
     for new, old, param in zip(target.parameters(), before, online.parameters()):
@@ -202,7 +222,7 @@ def test_the_soft_target_comes_from_the_target_critics_at_the_next_observations_
     monkeypatch.chdir(tmp_path)
     critics, samples, actor_calls, checked = [], [], [], []
 
-    class RecordedCritic(sac.SoftQNetwork):
+    class RecordedCritic(sac.TwinSoftQNetwork):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             critics.append(self)
@@ -219,29 +239,27 @@ def test_the_soft_target_comes_from_the_target_critics_at_the_next_observations_
 
     soft_td_target = sac.soft_td_target
 
-    def checked_soft_td_target(rewards, terminations, next_q1, next_q2, next_log_pi, alpha, gamma):
+    def checked_soft_td_target(rewards, terminations, next_q, next_log_pi, alpha, gamma):
         next_obs, (next_actions, log_pi, _) = actor_calls[-1]
         np.testing.assert_array_equal(next_obs.numpy(), samples[-1]["next_obs"])
         assert next_log_pi is log_pi, "the entropy term is of the actions the target is taken at"
         stepped = [critic for critic in critics if next(critic.parameters()).grad is not None]
         if stepped:  # after the first update: the online critics hold gradients, the targets never do
             targets = [critic for critic in critics if critic not in stepped]
-            assert len(stepped) == len(targets) == 2
-            values = [critic(next_obs, next_actions) for critic in targets]
-            torch.testing.assert_close(torch.stack([next_q1, next_q2]), torch.stack(values), rtol=0, atol=0)
-            online = torch.stack([critic(next_obs, next_actions) for critic in stepped])
-            assert not torch.allclose(online, torch.stack(values)), "the critics and their targets differ"
+            (online,), (target,) = stepped, targets
+            torch.testing.assert_close(next_q, target(next_obs, next_actions), rtol=0, atol=0)
+            assert not torch.allclose(online(next_obs, next_actions), next_q), "the critics and their targets differ"
             checked.append(len(samples))
-        return soft_td_target(rewards, terminations, next_q1, next_q2, next_log_pi, alpha, gamma)
+        return soft_td_target(rewards, terminations, next_q, next_log_pi, alpha, gamma)
 
-    monkeypatch.setattr(sac, "SoftQNetwork", RecordedCritic)
+    monkeypatch.setattr(sac, "TwinSoftQNetwork", RecordedCritic)
     monkeypatch.setattr(sac, "Actor", RecordedActor)
     monkeypatch.setattr(sac, "ReplayBuffer", RecordedReplayBuffer)
     monkeypatch.setattr(sac, "soft_td_target", checked_soft_td_target)
     sac.main(
         sac.Args(env_id="StepCountTruncatedAfter4-v0", total_timesteps=40, learning_starts=30, batch_size=8, cuda=False)
     )
-    assert len(critics) == 4 and len(checked) == len(samples) - 1 == 9
+    assert len(critics) == 2 and len(checked) == len(samples) - 1 == 9
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,9 +290,7 @@ def test_evaluation_plays_the_mean_action_of_the_saved_actor(tmp_path, monkeypat
     torch.manual_seed(0)
     env = gym.make("Hopper-v5")
     actor = sac.Actor(11, env.action_space.low, env.action_space.high)
-    sac.save_policy(
-        "sac.cleanrl_model", actor, sac.SoftQNetwork(11, 3), sac.SoftQNetwork(11, 3), sac.Args(env_id="Hopper-v5")
-    )
+    sac.save_policy("sac.cleanrl_model", actor, sac.TwinSoftQNetwork(11, 3), sac.Args(env_id="Hopper-v5"))
     recorders, make_env = [], sac.make_env
     monkeypatch.setattr(
         sac, "make_env", lambda *a, **k: recorders.append(RecordingEnv(make_env(*a, **k))) or recorders[-1]
@@ -296,7 +312,7 @@ def test_loaded_actor_equals_saved_actor_bounds_included(tmp_path):
     torch.manual_seed(0)
     actor = sac.Actor(2, np.array([-2.0, 0.0]), np.array([2.0, 1.0]))
     path = str(tmp_path / "sac.cleanrl_model")
-    sac.save_policy(path, actor, sac.SoftQNetwork(2, 2), sac.SoftQNetwork(2, 2), sac.Args())
+    sac.save_policy(path, actor, sac.TwinSoftQNetwork(2, 2), sac.Args())
     loaded, _ = sac.load_policy(path, torch.device("cpu"))
     obs = torch.randn(5, 2)
     for got, want in zip(loaded(obs), actor(obs)):
