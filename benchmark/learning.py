@@ -17,15 +17,13 @@ import subprocess
 import sys
 import time
 
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+from benchmark.events import scalars  # noqa: E402
 
 
 def episodic_returns(run_dir: str) -> list[float]:
-    accumulator = EventAccumulator(run_dir, size_guidance={"scalars": 0})
-    accumulator.Reload()
-    return [event.value for event in accumulator.Scalars("charts/episodic_return")]
+    return [event.value for event in scalars(run_dir, "charts/episodic_return")]
 
 
 def main():

@@ -48,6 +48,8 @@ SINGLE_SCRIPT = os.path.join(REPO_ROOT, "cleanrl", "ppo_atari.py")
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 CORES = sorted(os.sched_getaffinity(0))[:2]
 SINGLE_CORE = "1 process, 1 core, 1 thread"
+sys.path.insert(0, REPO_ROOT)
+from benchmark import events  # noqa: E402
 
 
 def pinned_torchrun(*command: str) -> list[str]:
@@ -87,13 +89,7 @@ class OtherLoad:
 def steady_sps(run_dir: str, skip: float = 0.0) -> float:
     """Steps per second between the logs of the first iteration (or of the first after the `skip`
     fraction of the run) and the last."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    accumulator = EventAccumulator(run_dir, size_guidance={"scalars": 0})
-    accumulator.Reload()
-    events = accumulator.Scalars("charts/SPS")
-    first, last = events[int(skip * (len(events) - 1))], events[-1]
-    return (last.step - first.step) / (last.wall_time - first.wall_time)
+    return events.steady_sps(events.scalars(run_dir, "charts/SPS"), skip=skip)
 
 
 def measure_sps(iterations: int) -> list[dict]:
@@ -210,7 +206,6 @@ def sync_worker(updates: int, minibatch: int):
     import torch.nn as nn
     from torch.nn.parallel import DistributedDataParallel
 
-    sys.path.insert(0, REPO_ROOT)
     import cleanrl.ppo_atari_multigpu as multigpu
 
     dist.init_process_group("gloo")

@@ -40,10 +40,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import tyro
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
+from benchmark.events import scalars, steady_sps  # noqa: E402
 
 # script: (env id, arguments of the real run: a short learning phase reached early)
 SCRIPTS = {
@@ -309,11 +309,7 @@ def measure_real(script: str, run_arguments: list[str]) -> float:
     if result.returncode != 0:
         sys.exit(f"error: {' '.join(command)} failed:\n{result.stderr[-2000:]}")
     (run_dir,) = glob.glob(os.path.join(cwd, "runs", "*"))
-    accumulator = EventAccumulator(run_dir, size_guidance={"scalars": 0})
-    accumulator.Reload()
-    events = [event for event in accumulator.Scalars("charts/SPS") if event.step >= REAL_FROM_STEP[script]]
-    first, last = events[0], events[-1]
-    return (last.step - first.step) / (last.wall_time - first.wall_time)
+    return steady_sps(scalars(run_dir, "charts/SPS"), from_step=REAL_FROM_STEP[script])
 
 
 def main():

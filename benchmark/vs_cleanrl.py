@@ -34,6 +34,7 @@ import numpy as np
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
+from benchmark.events import scalars, steady_sps  # noqa: E402
 from benchmark.run import cpu_model  # noqa: E402  (the runner's logs name the CPU alike)
 
 
@@ -97,17 +98,6 @@ def command(side: str, pair: Pair, cleanrl_dir: str, seed: int) -> list[str]:
     return [sys.executable, os.path.join(REPO_ROOT, "cleanrl", f"{pair.script}.py"), *pair.args, "--seed", str(seed)]
 
 
-def steady_sps(run_dir: str, measure_from: int) -> float:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    accumulator = EventAccumulator(run_dir, size_guidance={"scalars": 0})
-    accumulator.Reload()
-    events = [e for e in accumulator.Scalars("charts/SPS") if e.step >= measure_from]
-    if len(events) < 2:
-        sys.exit(f"error: {run_dir} logged {len(events)} SPS events past step {measure_from}: raise its budget")
-    return (events[-1].step - events[0].step) / (events[-1].wall_time - events[0].wall_time)
-
-
 def measure(side: str, pair: Pair, cleanrl_dir: str, processes: int) -> float:
     """The summed steady SPS of `processes` runs started at once (seeds 1, 2, ...)."""
     env = dict(os.environ)
@@ -137,7 +127,10 @@ def measure(side: str, pair: Pair, cleanrl_dir: str, processes: int) -> float:
                 with open(log.name) as f:
                     sys.exit(f"error: {' '.join(process.args)} failed:\n{f.read()[-2000:]}")
         run_dirs = [os.path.join(workdir, "runs", name) for name in sorted(os.listdir(os.path.join(workdir, "runs")))]
-        return sum(steady_sps(run_dir, pair.measure_from) for run_dir in run_dirs)
+        try:
+            return sum(steady_sps(scalars(run_dir, "charts/SPS"), from_step=pair.measure_from) for run_dir in run_dirs)
+        except ValueError as e:
+            sys.exit(f"error: {' '.join(command(side, pair, cleanrl_dir, 1))}: {e}: raise its budget")
 
 
 def main():

@@ -6,7 +6,6 @@ import os
 import textwrap
 
 from running import assert_user_error, run_tool
-from torch.utils.tensorboard import SummaryWriter
 
 # A script in CleanRL's manner: a SyncVectorEnv, episodes logged from infos["final_info"], the real last
 # observation from infos["final_observation"]. CartPole with action 1 only falls within a few steps
@@ -45,22 +44,6 @@ def test_cleanrl_style_scripts_see_gymnasium_029s_final_info_and_final_observati
     assert " env 0 " not in result.stdout  # env 0 goes on: None in final_info
 
 
-def write_sps_events(run_dir, steps_and_times):
-    writer = SummaryWriter(run_dir)
-    for step, wall_time in steps_and_times:
-        writer.add_scalar("charts/SPS", 0, step, walltime=wall_time)
-    writer.close()
-
-
-def test_steady_sps_counts_steps_per_second_between_events_past_the_start(tmp_path):
-    import benchmark.vs_cleanrl as vs_cleanrl
-
-    # 100 steps/s before step 1,000 (start-up, random actions), 50 steps/s after it
-    write_sps_events(str(tmp_path), [(0, 0.0), (500, 5.0), (1000, 10.0), (1500, 20.0), (2000, 30.0)])
-    assert vs_cleanrl.steady_sps(str(tmp_path), measure_from=1000) == 50.0
-    assert vs_cleanrl.steady_sps(str(tmp_path), measure_from=0) == 2000 / 30
-
-
 def test_bad_input_is_a_one_line_error(tmp_path):
     assert_user_error(run_tool("vs_cleanrl.py", "--cleanrl-dir", str(tmp_path), cwd=tmp_path), "checkout of CleanRL")
     os.makedirs(tmp_path / "cleanrl")
@@ -68,12 +51,3 @@ def test_bad_input_is_a_one_line_error(tmp_path):
         (tmp_path / "cleanrl" / name).write_text("")
     result = run_tool("vs_cleanrl.py", "--cleanrl-dir", str(tmp_path), "--rounds", "0", cwd=tmp_path)
     assert_user_error(result, "--rounds")
-    write_sps_events(str(tmp_path / "run"), [(0, 0.0), (100, 1.0)])
-    import benchmark.vs_cleanrl as vs_cleanrl
-
-    try:
-        vs_cleanrl.steady_sps(str(tmp_path / "run"), measure_from=50)
-    except SystemExit as stop:
-        assert "1 SPS events past step 50" in str(stop)
-    else:
-        raise AssertionError("one event past the start is no measurement")
