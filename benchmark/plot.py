@@ -28,8 +28,9 @@ one-line warning.
 allreduce: the time of one gradient average against the number of processes, ring against central, and
 their ratio beside the ratio of the busiest process's bytes (a `benchmark/allreduce.py --json` result).
 
-throughput: a bar chart of the steady SPS of each script (and of the torchrun script with 1 and 2
-processes), fp32 and bf16 side by side, with the env-only limit of each script's environment
+throughput: a bar chart of the steady SPS of each configuration (a script, and the scheme it ran
+under: the torchrun script with 1 process and with 2, each --env-split; the JAX script on 1 or more
+XLA devices), fp32 and bf16 side by side, with the env-only limit of each script's environment
 (random actions, measured by the same run) drawn as a line over its bars.
 """
 
@@ -525,46 +526,59 @@ def read_throughput(path: str) -> dict:
     return results
 
 
+def throughput_configuration(row: dict) -> tuple:
+    """(script, processes, env split, XLA devices) of a row. A file written before the schemes has no env
+    split and no device count: its torchrun script ran with the even split, its JAX script on one device."""
+    script = row["script"]
+    env_split = row.get("env_split", "even" if script == "ppo_atari_multigpu" else None)
+    xla_devices = row.get("xla_devices", 1 if script == "ppo_atari_envpool_xla_jax_scan" else None)
+    return script, row["processes"], env_split, xla_devices
+
+
+def throughput_label(configuration: tuple) -> str:
+    script, processes, env_split, xla_devices = configuration
+    if env_split is not None:  # the torchrun script
+        return f"{script}\n1 process" if processes == 1 else f"{script}\n{processes} processes, {env_split} split"
+    if xla_devices is not None:
+        return f"{script}\n{xla_devices} XLA device{'s' if xla_devices > 1 else ''}"
+    return script
+
+
 def plot_throughput(results: dict) -> plt.Figure:
-    """Grouped bars: one group per script (and process count), one bar per precision; a black line
-    over a group marks its environment's env-only limit."""
+    """Grouped bars: one group per configuration (a script and its scheme), one bar per precision; a black
+    line over a group marks its environment's env-only limit. A measurement that failed has no bar."""
     rows = results["rows"]
-    configurations = list(dict.fromkeys((row["script"], row["processes"]) for row in rows))
+    configurations = list(dict.fromkeys(throughput_configuration(row) for row in rows))
     precisions = list(dict.fromkeys(row["precision"] for row in rows))
     width = 0.8 / len(precisions)
-    figure, ax = plt.subplots(figsize=(1.9 * len(configurations) + 2, 4.2))
+    figure, ax = plt.subplots(figsize=(2.1 * len(configurations) + 2, 4.4))
     palette = {"fp32": "tab:blue", "bf16": "tab:orange"}
+    measured = lambda value: value if value is not None and math.isfinite(value) else 0.0
     for p, precision in enumerate(precisions):
         heights = [
-            next(
-                (
-                    row["steady_sps"]
-                    for row in rows
-                    if (row["script"], row["processes"]) == c and row["precision"] == precision
-                ),
-                0.0,
+            measured(
+                next(
+                    (
+                        row["steady_sps"]
+                        for row in rows
+                        if throughput_configuration(row) == c and row["precision"] == precision
+                    ),
+                    None,
+                )
             )
-            or 0.0
             for c in configurations
         ]
         positions = np.arange(len(configurations)) - 0.4 + width * (p + 0.5)
         bars = ax.bar(positions, heights, width, label=f"{precision} (steady SPS)", color=palette.get(precision))
-        ax.bar_label(bars, fmt="%.0f", fontsize="small")
+        ax.bar_label(bars, labels=[f"{h:.0f}" if h else "" for h in heights], fontsize="small")
     env_label = "env-only limit (random actions)"
     for i, configuration in enumerate(configurations):
-        limits = [row["env_only_sps"] for row in rows if (row["script"], row["processes"]) == configuration]
+        limits = [row["env_only_sps"] for row in rows if throughput_configuration(row) == configuration]
         if limits and limits[0]:
             ax.hlines(limits[0], i - 0.45, i + 0.45, colors="black", linewidth=2, label=env_label)
             env_label = None  # one legend entry for all the lines
     ax.set_xticks(range(len(configurations)))
-    processes_text = lambda n: f"\n{n} process{'es' if n > 1 else ''}"
-    ax.set_xticklabels(
-        [
-            script + (processes_text(processes) if script == "ppo_atari_multigpu" else "")
-            for script, processes in configurations
-        ],
-        fontsize="small",
-    )
+    ax.set_xticklabels([throughput_label(c) for c in configurations], fontsize="small")
     ax.set_ylabel("environment steps per second")
     setup = results.get("setup", {})
     title = [

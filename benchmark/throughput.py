@@ -16,12 +16,21 @@ in `--rounds` rounds, interleaved, and the table shows medians.
     python benchmark/throughput.py --scripts ppo_atari --precisions none --rounds 1
     python benchmark/throughput.py --real-only --seconds 40     # on a GPU: benchmark/gpu_throughput.sh
     python benchmark/throughput.py --scripts ppo_atari ppo_atari_multigpu --json throughput.json
+    python benchmark/throughput.py --scripts ppo_atari_envpool_xla_jax_scan --xla-devices 1 2  # 1 and 2 XLA devices
     python benchmark/plot.py throughput throughput.json  # the figure of a run written with --json
 
-`ppo_atari_multigpu` (not in the default list) is measured in real runs only, with 1 process and
-with 2 under torchrun (each with --num-envs environments; torchrun gives each process one thread);
-its environment and network are ppo_atari's. The env-only and NN-only measurements are written for
-the CPU; --real-only leaves them out.
+Besides one process, the schemes a user chooses among (the real runs of each; env and nn are measured
+once per script, in one process on one device):
+  `ppo_atari_multigpu` (not in the default list): 1 process, then 2 under torchrun with
+      `--env-split even` and with `--env-split measured` (each process with --num-envs environments;
+      torchrun gives each process one thread; --split-every 3, so that the split can move within a
+      run of 10 iterations). Its environment and network are ppo_atari's: real runs only.
+  the JAX script with each of `--xla-devices` XLA devices (default 1): 2 or more are forced on the
+      CPU with XLA_FLAGS=--xla_force_host_platform_device_count, and the script splits --num-envs
+      over them. The env-only limit is the script's, for the same number of envs; the serial bound
+      holds for one device only. On a GPU the devices are the GPUs: a count the run does not get is
+      left out with a note.
+The env-only and NN-only measurements are written for the CPU; --real-only leaves them out.
 """
 
 import argparse
@@ -29,25 +38,29 @@ import importlib
 import json
 import multiprocessing
 import os
+import re
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
+from benchmark.events import scalars, steady_sps  # noqa: E402
 from benchmark.run import cpu_model  # noqa: E402  (the runner's logs name the CPU alike)
 
 SCRIPTS = ["ppo_atari", "ppo_atari_envpool", "ppo_atari_envpool_xla_jax_scan"]
 JAX_SCRIPT = "ppo_atari_envpool_xla_jax_scan"
 TORCHRUN_SCRIPT = "ppo_atari_multigpu"  # real runs with 1 and 2 processes
+SPLIT_EVERY = 3  # --split-every of its --env-split measured runs
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 PRECISION_NAMES = {"none": "fp32", "bf16": "bf16"}
 
@@ -202,98 +215,150 @@ def measure_nn_jax(module, num_envs: int, num_steps: int, precision: str, repeat
     return (time.perf_counter() - start) / repeats
 
 
+class Configuration(NamedTuple):
+    """One way to run a script: with torchrun's processes and --env-split for the torchrun script, on a
+    number of XLA devices for the JAX script (None where the script has no such choice)."""
+
+    script: str
+    processes: int = 1
+    env_split: str | None = None
+    xla_devices: int | None = None
+
+
+def configurations(scripts: list[str], xla_devices: Sequence[int] = (1,)) -> list[Configuration]:
+    """The configurations of each script, in the order of `scripts`: the torchrun script with 1 process, then
+    with 2 and each --env-split; the JAX script on each of `xla_devices`."""
+    found = []
+    for script in scripts:
+        if script == TORCHRUN_SCRIPT:
+            found += [
+                Configuration(script, 1, "even"),
+                Configuration(script, 2, "even"),
+                Configuration(script, 2, "measured"),
+            ]
+        elif script == JAX_SCRIPT:
+            found += [Configuration(script, xla_devices=n) for n in xla_devices]
+        else:
+            found.append(Configuration(script))
+    return found
+
+
+def label(configuration: Configuration) -> str:
+    script, processes, env_split, xla_devices = configuration
+    if script == TORCHRUN_SCRIPT:
+        return f"{script} x{processes}" + (f", {env_split} split" if processes > 1 else "")
+    if xla_devices is not None:
+        return f"{script}, {xla_devices} XLA device{'s' if xla_devices > 1 else ''}"
+    return script
+
+
+def real_run(
+    configuration: Configuration, env_id: str, num_envs: int, num_steps: int, total_timesteps: int, precision: str
+) -> tuple[list[str], dict]:
+    """The command line and the environment of a configuration's training run."""
+    script, processes, env_split, xla_devices = configuration
+    launcher = [TORCHRUN, "--standalone", f"--nproc-per-node={processes}"] if processes > 1 else [sys.executable]
+    command = [*launcher, os.path.join(REPO_ROOT, "cleanrl", f"{script}.py"), "--env-id", env_id]
+    command += ["--local-num-envs" if script == TORCHRUN_SCRIPT else "--num-envs", str(num_envs)]
+    command += ["--num-steps", str(num_steps), "--total-timesteps", str(total_timesteps)]
+    command += ["--mixed-precision", precision]
+    if env_split is not None:
+        command += ["--env-split", env_split]
+    if env_split == "measured":  # the default --split-every (10) would not move the split within a 10-iteration run
+        command += ["--split-every", str(SPLIT_EVERY)]
+    environment = dict(os.environ)
+    if xla_devices is not None and xla_devices > 1:  # XLA:CPU makes this many devices of the host's cores
+        flag = f"--xla_force_host_platform_device_count={xla_devices}"
+        environment["XLA_FLAGS"] = f"{environment.get('XLA_FLAGS', '')} {flag}".strip()
+    return command, environment
+
+
 def measure_real(
-    script: str,
+    configuration: Configuration,
     env_id: str,
     num_envs: int,
     num_steps: int,
     iterations: int,
     precision: str,
     seconds: float | None = None,
-    processes: int = 1,
 ):
-    """The script's training run: (the SPS it logged last, its steady SPS after the first iteration).
+    """The configuration's training run: (the SPS it logged last, its steady SPS after the first iteration).
 
     With `seconds`, the run has a budget it cannot finish and is interrupted after that long; the
-    iterations its TensorBoard writer had flushed by then are the measurement. `processes` > 1 runs
-    the torchrun script under torchrun, each process with `num_envs` environments.
+    iterations its TensorBoard writer had flushed by then are the measurement. Under torchrun each
+    process has `num_envs` environments; the JAX script splits `num_envs` over its XLA devices.
     """
-    envs_flag = "--local-num-envs" if script == TORCHRUN_SCRIPT else "--num-envs"
+    processes, xla_devices = configuration.processes, configuration.xla_devices
     total_timesteps = processes * num_envs * num_steps * (iterations if seconds is None else 10**6)
-    launcher = [TORCHRUN, "--standalone", f"--nproc-per-node={processes}"] if processes > 1 else [sys.executable]
-    command = [
-        *launcher,
-        os.path.join(REPO_ROOT, "cleanrl", f"{script}.py"),
-        "--env-id",
-        env_id,
-        envs_flag,
-        str(num_envs),
-        "--num-steps",
-        str(num_steps),
-        "--total-timesteps",
-        str(total_timesteps),
-        "--mixed-precision",
-        precision,
-    ]
+    command, environment = real_run(configuration, env_id, num_envs, num_steps, total_timesteps, precision)
     with tempfile.TemporaryDirectory() as workdir:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=workdir)
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=workdir, env=environment
+        )
         try:
-            _, stderr = process.communicate(timeout=seconds)
+            stdout, stderr = process.communicate(timeout=seconds)
             if process.returncode != 0:
                 sys.exit(f"error: {' '.join(command)} failed:\n{stderr[-2000:]}")
         except subprocess.TimeoutExpired:
             process.send_signal(signal.SIGINT)
             try:
-                process.communicate(timeout=30)
+                stdout, _ = process.communicate(timeout=30)
             except subprocess.TimeoutExpired:  # stuck in native code: the events on disk will do
                 process.kill()
-                process.communicate()
+                stdout, _ = process.communicate()
         (run_dir,) = os.listdir(os.path.join(workdir, "runs"))
-        accumulator = EventAccumulator(os.path.join(workdir, "runs", run_dir)).Reload()
-        events = accumulator.Scalars("charts/SPS") if "charts/SPS" in accumulator.Tags()["scalars"] else []
+        events = scalars(os.path.join(workdir, "runs", run_dir), "charts/SPS")
+    if xla_devices is not None and xla_devices > 1:
+        # The forced count makes CPU devices only: on a GPU the script runs on the GPUs it finds.
+        had = re.search(r"^(\d+) (\w+) device\(s\)", stdout, re.MULTILINE)
+        if had is None or int(had[1]) != xla_devices:
+            devices = f"{had[1]} {had[2]}" if had else "an unknown number of"
+            print(f"{label(configuration)} {precision}: left out, the run had {devices} device(s)")
+            return float("nan"), float("nan")
     if len(events) < 2:
-        print(f"{script} {precision}: {len(events)} iterations logged, too few; give it more --seconds")
+        print(f"{label(configuration)} {precision}: {len(events)} iterations logged, too few; give it more --seconds")
         return float("nan"), float("nan")
-    first, last = events[0], events[-1]
-    steady = (last.step - first.step) / (last.wall_time - first.wall_time)
-    return last.value, steady
-
-
-def configurations(scripts: list[str]) -> list[tuple[str, int]]:
-    """(script, processes) pairs, in the order of `scripts`: the torchrun script with 1 and 2 processes."""
-    return [(script, processes) for script in scripts for processes in ((1, 2) if script == TORCHRUN_SCRIPT else (1,))]
-
-
-def label(script: str, processes: int) -> str:
-    return f"{script} x{processes}" if script == TORCHRUN_SCRIPT else script
+    return events[-1].value, steady_sps(events)
 
 
 def summarize(
-    samples: dict, scripts: list[str], precisions: list[str], batch_size: int, num_steps: int, num_envs: int
+    samples: dict,
+    scripts: list[str],
+    precisions: list[str],
+    batch_size: int,
+    num_steps: int,
+    num_envs: int,
+    xla_devices: Sequence[int] = (1,),
 ) -> list[dict]:
-    """One row per script, processes and precision: the medians over the rounds of what was measured
-    (None for what was not: the serial bound needs the env-only and NN-only times)."""
+    """One row per configuration and precision: the medians over the rounds of what was measured (None for
+    what was not). samples: (script, precision or None, "env" or "nn") and (configuration, precision,
+    "reported" or "steady") -> one value per round. The env-only limit is the script's (the same envs in
+    every configuration of one script); the serial bound holds for one process on one device only."""
     median = lambda *key: statistics.median(samples[key]) if key in samples else None
     rows = []
-    for script, processes in configurations(scripts):
-        env_seconds = median(script, 1, None, "env")
+    for configuration in configurations(scripts, xla_devices):
+        script = configuration.script
+        env_seconds = median(script, None, "env")
+        one_device = configuration.processes == 1 and configuration.xla_devices in (None, 1)
         for precision in precisions:
-            nn_seconds = median(script, 1, precision, "nn")
-            steady = median(script, processes, precision, "steady")
-            measured = env_seconds is not None and nn_seconds is not None
+            nn_seconds = median(script, precision, "nn")
+            steady = median(configuration, precision, "steady")
+            measured = env_seconds is not None and nn_seconds is not None and one_device
             bound = batch_size / (num_steps * env_seconds + nn_seconds) if measured else None
             rows.append(
                 {
                     "script": script,
-                    "processes": processes,
+                    "processes": configuration.processes,
+                    "env_split": configuration.env_split,
+                    "xla_devices": configuration.xla_devices,
                     "precision": PRECISION_NAMES[precision],
                     "env_ms_per_step": None if env_seconds is None else env_seconds * 1e3,
                     "env_only_sps": None if env_seconds is None else num_envs / env_seconds,
-                    "nn_s_per_iteration": nn_seconds,
+                    "nn_s_per_iteration": nn_seconds if one_device else None,
                     "bound_sps": bound,
-                    "logged_sps": median(script, processes, precision, "reported"),
+                    "logged_sps": median(configuration, precision, "reported"),
                     "steady_sps": steady,
-                    "steady_sps_per_round": samples[(script, processes, precision, "steady")],
+                    "steady_sps_per_round": samples[(configuration, precision, "steady")],
                     "fraction_of_bound": None if bound is None else steady / bound,
                 }
             )
@@ -323,6 +388,14 @@ def main():
     parser.add_argument("--seconds", type=float, help="train for this long in each real run instead of --iterations")
     parser.add_argument("--real-only", action="store_true", help="only the real runs (the only ones fit for a GPU)")
     parser.add_argument(
+        "--xla-devices",
+        nargs="+",
+        type=int,
+        default=[1],
+        help="the JAX script's real runs, one on each of these numbers of XLA devices (on CPU, forced with "
+        "XLA_FLAGS); each must divide --num-envs",
+    )
+    parser.add_argument(
         "--json",
         help="also write the table's rows, each round's steady SPS and the set-up to this "
         "file (for `benchmark/plot.py throughput`)",
@@ -330,57 +403,61 @@ def main():
     cli = parser.parse_args()
     if cli.iterations < 3:
         sys.exit("error: --iterations must be at least 3 (the steady SPS leaves the first one out)")
+    if JAX_SCRIPT in cli.scripts and any(n < 1 or cli.num_envs % n for n in cli.xla_devices):
+        sys.exit(
+            f"error: --xla-devices {' '.join(map(str, cli.xla_devices))}: each must divide --num-envs {cli.num_envs}"
+        )
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cpus, {cli.rounds} rounds")
-    samples = {}  # (script, processes, precision or None, quantity) -> one value per round
+    samples = {}  # see summarize: (script or configuration, precision or None, quantity) -> one value per round
     record = lambda key, value: samples.setdefault(key, []).append(value)
     for round_index in range(cli.rounds):
-        for script, processes in configurations(cli.scripts):
+        for script in cli.scripts:
             bounds = not cli.real_only and script != TORCHRUN_SCRIPT
             if bounds:
                 env_seconds = in_fresh_process(measure_env, script, cli.env_id, cli.num_envs, cli.num_steps * 2)
-                record((script, 1, None, "env"), env_seconds)
+                record((script, None, "env"), env_seconds)
             for precision in cli.precisions:
                 if bounds:
                     nn_seconds = in_fresh_process(measure_nn, script, cli.num_envs, cli.num_steps, precision)
-                    record((script, 1, precision, "nn"), nn_seconds)
-                reported, steady = measure_real(
-                    script, cli.env_id, cli.num_envs, cli.num_steps, cli.iterations, precision, cli.seconds, processes
-                )
-                record((script, processes, precision, "reported"), reported)
-                record((script, processes, precision, "steady"), steady)
-                print(
-                    f"round {round_index + 1}: {label(script, processes)} {precision}: {steady:.0f} steady SPS",
-                    flush=True,
-                )
+                    record((script, precision, "nn"), nn_seconds)
+                for configuration in configurations([script], cli.xla_devices):
+                    reported, steady = measure_real(
+                        configuration, cli.env_id, cli.num_envs, cli.num_steps, cli.iterations, precision, cli.seconds
+                    )
+                    record((configuration, precision, "reported"), reported)
+                    record((configuration, precision, "steady"), steady)
+                    print(
+                        f"round {round_index + 1}: {label(configuration)} {precision}: {steady:.0f} steady SPS",
+                        flush=True,
+                    )
 
     batch_size = cli.num_envs * cli.num_steps
-    rows = summarize(samples, cli.scripts, cli.precisions, batch_size, cli.num_steps, cli.num_envs)
+    rows = summarize(samples, cli.scripts, cli.precisions, batch_size, cli.num_steps, cli.num_envs, cli.xla_devices)
     print(
-        f"\n{'script':<32}{'precision':<10}{'env ms/step':>12}{'nn s/iter':>10}{'bound SPS':>10}"
+        f"\n{'configuration':<48}{'precision':<10}{'env ms/step':>12}{'nn s/iter':>10}{'bound SPS':>10}"
         f"{'logged SPS':>11}{'steady SPS':>11}{'fraction':>9}"
     )
     number = lambda value, width, digits: f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
+    configuration_of = lambda row: Configuration(row["script"], row["processes"], row["env_split"], row["xla_devices"])
     for row in rows:
         print(
-            f"{label(row['script'], row['processes']):<32}{row['precision']:<10}{number(row['env_ms_per_step'], 12, 2)}"
+            f"{label(configuration_of(row)):<48}{row['precision']:<10}{number(row['env_ms_per_step'], 12, 2)}"
             f"{number(row['nn_s_per_iteration'], 10, 2)}{number(row['bound_sps'], 10, 0)}"
             f"{number(row['logged_sps'], 11, 0)}{number(row['steady_sps'], 11, 0)}"
             f"{number(row['fraction_of_bound'], 9, 2)}"
         )
     print()
-    steady = {(row["script"], row["processes"], row["precision"]): row["steady_sps"] for row in rows}
-    for script, processes in configurations(cli.scripts):
+    steady = {(configuration_of(row), row["precision"]): row["steady_sps"] for row in rows}
+    for configuration in configurations(cli.scripts, cli.xla_devices):
         if ("none" in cli.precisions) and ("bf16" in cli.precisions):
-            ratio = steady[script, processes, "bf16"] / steady[script, processes, "fp32"]
-            print(f"{label(script, processes)}: bf16 / fp32 steady SPS = {ratio:.2f}x")
+            ratio = steady[configuration, "bf16"] / steady[configuration, "fp32"]
+            print(f"{label(configuration)}: bf16 / fp32 steady SPS = {ratio:.2f}x")
     if "ppo_atari" in cli.scripts and "none" in cli.precisions:
-        for (script, processes, precision), value in steady.items():
-            if script != "ppo_atari":
-                print(
-                    f"{label(script, processes)} {precision} / ppo_atari fp32 steady SPS = "
-                    f"{value / steady['ppo_atari', 1, 'fp32']:.2f}x"
-                )
+        reference = steady[Configuration("ppo_atari"), "fp32"]
+        for (configuration, precision), value in steady.items():
+            if configuration.script != "ppo_atari":
+                print(f"{label(configuration)} {precision} / ppo_atari fp32 steady SPS = {value / reference:.2f}x")
     if cli.json:
         setup = {
             "env_id": cli.env_id,
@@ -390,6 +467,7 @@ def main():
             "iterations": None if cli.seconds else cli.iterations,
             "seconds": cli.seconds,
             "real_only": cli.real_only,
+            "split_every": SPLIT_EVERY if TORCHRUN_SCRIPT in cli.scripts else None,
             "cpus": os.cpu_count(),
             "cpu": cpu_description(),
             "torch": torch.__version__,

@@ -3,7 +3,9 @@ Atari games, two seeds each; every run's last 100 games and its iteration times 
 the final returns, the steady SPS and the human-normalized scores are known in advance."""
 
 import json
+import math
 import os
+import sys
 import time
 
 import matplotlib.image
@@ -282,46 +284,87 @@ def test_no_usable_run_is_a_one_line_error(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Throughput
 # ---------------------------------------------------------------------------------------------
+JAX_SCAN, MULTIGPU = "ppo_atari_envpool_xla_jax_scan", "ppo_atari_multigpu"
+
+
 def throughput_results() -> dict:
-    """What benchmark/throughput.py writes with --json, from two rounds of made-up measurements."""
+    """What benchmark/throughput.py writes with --json, from two rounds of made-up measurements of every
+    scheme: one process, torchrun with 1 and 2 processes and each env split, the JAX script on 1 and 2
+    XLA devices."""
     import benchmark.throughput as throughput
 
+    configuration = throughput.Configuration
     samples = {
-        ("ppo_atari", 1, None, "env"): [0.002, 0.004],  # median 3 ms per vector step of 8 envs
-        ("ppo_atari", 1, "none", "nn"): [1.0, 2.0],
-        ("ppo_atari", 1, "bf16", "nn"): [1.0, 1.0],
-        ("ppo_atari", 1, "none", "steady"): [400.0, 420.0],
-        ("ppo_atari", 1, "bf16", "steady"): [550.0, 570.0],
-        ("ppo_atari_multigpu", 1, "none", "steady"): [390.0, 410.0],
-        ("ppo_atari_multigpu", 1, "bf16", "steady"): [500.0, 520.0],
-        ("ppo_atari_multigpu", 2, "none", "steady"): [700.0, 740.0],
-        ("ppo_atari_multigpu", 2, "bf16", "steady"): [900.0, 980.0],
+        ("ppo_atari", None, "env"): [0.002, 0.004],  # median 3 ms per vector step of 8 envs
+        ("ppo_atari", "none", "nn"): [1.0, 2.0],
+        ("ppo_atari", "bf16", "nn"): [1.0, 1.0],
+        (configuration("ppo_atari"), "none", "steady"): [400.0, 420.0],
+        (configuration("ppo_atari"), "bf16", "steady"): [550.0, 570.0],
+        (JAX_SCAN, None, "env"): [0.004, 0.004],
+        (JAX_SCAN, "none", "nn"): [2.0, 2.0],
+        (JAX_SCAN, "bf16", "nn"): [3.0, 3.0],
+        (configuration(JAX_SCAN, xla_devices=1), "none", "steady"): [300.0, 320.0],
+        (configuration(JAX_SCAN, xla_devices=1), "bf16", "steady"): [200.0, 220.0],
+        (configuration(JAX_SCAN, xla_devices=2), "none", "steady"): [250.0, 270.0],
+        (configuration(JAX_SCAN, xla_devices=2), "bf16", "steady"): [180.0, 200.0],
+        (configuration(MULTIGPU, 1, "even"), "none", "steady"): [390.0, 410.0],
+        (configuration(MULTIGPU, 1, "even"), "bf16", "steady"): [500.0, 520.0],
+        (configuration(MULTIGPU, 2, "even"), "none", "steady"): [700.0, 740.0],
+        (configuration(MULTIGPU, 2, "even"), "bf16", "steady"): [900.0, 980.0],
+        (configuration(MULTIGPU, 2, "measured"), "none", "steady"): [710.0, 770.0],
+        (configuration(MULTIGPU, 2, "measured"), "bf16", "steady"): [910.0, 990.0],
     }
     for key in list(samples):
-        if key[3] == "steady":
-            samples[key[:3] + ("reported",)] = [value - 10 for value in samples[key]]
+        if key[2] == "steady":
+            samples[key[:2] + ("reported",)] = [value - 10 for value in samples[key]]
     rows = throughput.summarize(
-        samples, ["ppo_atari", "ppo_atari_multigpu"], ["none", "bf16"], batch_size=1024, num_steps=128, num_envs=8
+        samples,
+        ["ppo_atari", JAX_SCAN, MULTIGPU],
+        ["none", "bf16"],
+        batch_size=1024,
+        num_steps=128,
+        num_envs=8,
+        xla_devices=[1, 2],
     )
     return {"setup": {"env_id": "BreakoutNoFrameskip-v4", "num_envs": 8, "num_steps": 128, "cpus": 2}, "rows": rows}
 
 
+def row_key(row: dict) -> tuple:
+    return row["script"], row["processes"], row["env_split"], row["xla_devices"], row["precision"]
+
+
 def test_throughput_rows_hold_the_medians_of_the_rounds_and_the_serial_bound():
-    rows = {(row["script"], row["processes"], row["precision"]): row for row in throughput_results()["rows"]}
+    rows = {row_key(row): row for row in throughput_results()["rows"]}
     assert list(rows) == [
-        ("ppo_atari", 1, "fp32"),
-        ("ppo_atari", 1, "bf16"),
-        ("ppo_atari_multigpu", 1, "fp32"),
-        ("ppo_atari_multigpu", 1, "bf16"),
-        ("ppo_atari_multigpu", 2, "fp32"),
-        ("ppo_atari_multigpu", 2, "bf16"),
+        ("ppo_atari", 1, None, None, "fp32"),
+        ("ppo_atari", 1, None, None, "bf16"),
+        (JAX_SCAN, 1, None, 1, "fp32"),
+        (JAX_SCAN, 1, None, 1, "bf16"),
+        (JAX_SCAN, 1, None, 2, "fp32"),
+        (JAX_SCAN, 1, None, 2, "bf16"),
+        (MULTIGPU, 1, "even", None, "fp32"),
+        (MULTIGPU, 1, "even", None, "bf16"),
+        (MULTIGPU, 2, "even", None, "fp32"),
+        (MULTIGPU, 2, "even", None, "bf16"),
+        (MULTIGPU, 2, "measured", None, "fp32"),
+        (MULTIGPU, 2, "measured", None, "bf16"),
     ]
-    fp32 = rows["ppo_atari", 1, "fp32"]
+    fp32 = rows["ppo_atari", 1, None, None, "fp32"]
     assert fp32["steady_sps"] == 410.0 and fp32["logged_sps"] == 400.0
     assert fp32["env_only_sps"] == pytest.approx(8 / 0.003)
     assert fp32["bound_sps"] == pytest.approx(1024 / (128 * 0.003 + 1.5))
-    assert rows["ppo_atari_multigpu", 2, "bf16"]["steady_sps"] == 940.0
-    assert rows["ppo_atari_multigpu", 2, "bf16"]["env_only_sps"] is None, "not measured for the torchrun script"
+    assert rows[MULTIGPU, 2, "even", None, "bf16"]["steady_sps"] == 940.0
+    assert rows[MULTIGPU, 2, "measured", None, "bf16"]["steady_sps"] == 950.0
+    assert rows[MULTIGPU, 2, "even", None, "bf16"]["env_only_sps"] is None, "not measured for the torchrun script"
+
+
+def test_a_jax_run_on_two_devices_has_the_scripts_env_limit_but_no_serial_bound():
+    rows = {row_key(row): row for row in throughput_results()["rows"]}
+    one, two = rows[JAX_SCAN, 1, None, 1, "fp32"], rows[JAX_SCAN, 1, None, 2, "fp32"]
+    assert one["bound_sps"] == pytest.approx(1024 / (128 * 0.004 + 2.0)) and one["fraction_of_bound"] is not None
+    assert two["steady_sps"] == 260.0 and two["steady_sps_per_round"] == [250.0, 270.0]
+    assert two["env_only_sps"] == pytest.approx(8 / 0.004), "the same 8 envs as on one device"
+    assert two["bound_sps"] is None and two["nn_s_per_iteration"] is None, "the NN was timed on one device"
 
 
 def test_throughput_figure_has_a_bar_per_configuration_and_precision_and_the_env_only_line():
@@ -329,14 +372,92 @@ def test_throughput_figure_has_a_bar_per_configuration_and_precision_and_the_env
     figure = plot.plot_throughput(results)
     (ax,) = figure.axes
     heights = [bar.get_height() for bar in ax.patches]
-    assert heights == [410.0, 400.0, 720.0, 560.0, 510.0, 940.0], "fp32 bars, then bf16 bars"
+    fp32, bf16 = [410.0, 310.0, 260.0, 400.0, 720.0, 740.0], [560.0, 210.0, 190.0, 510.0, 940.0, 950.0]
+    assert heights == fp32 + bf16, "fp32 bars, then bf16 bars"
     assert [label.get_text() for label in ax.get_xticklabels()] == [
         "ppo_atari",
-        "ppo_atari_multigpu\n1 process",
-        "ppo_atari_multigpu\n2 processes",
+        f"{JAX_SCAN}\n1 XLA device",
+        f"{JAX_SCAN}\n2 XLA devices",
+        f"{MULTIGPU}\n1 process",
+        f"{MULTIGPU}\n2 processes, even split",
+        f"{MULTIGPU}\n2 processes, measured split",
     ]
-    (env_line,) = ax.collections
-    assert env_line.get_segments()[0][0][1] == pytest.approx(8 / 0.003)
+    starts = [segment[0] for line in ax.collections for segment in line.get_segments()]  # (x, y) of each line
+    assert np.ravel(starts) == pytest.approx([-0.45, 8 / 0.003, 0.55, 8 / 0.004, 1.55, 8 / 0.004]), (
+        "over ppo_atari and both JAX configurations; none over the torchrun script's"
+    )
+
+
+def test_a_throughput_file_written_before_the_schemes_reads_as_the_even_split_and_one_device():
+    rows = [
+        {"script": script, "processes": processes, "precision": "fp32", "steady_sps": sps, "env_only_sps": None}
+        for script, processes, sps in [(JAX_SCAN, 1, 170.0), (MULTIGPU, 1, 230.0), (MULTIGPU, 2, 260.0)]
+    ]
+    (ax,) = plot.plot_throughput({"rows": rows}).axes
+    assert [bar.get_height() for bar in ax.patches] == [170.0, 230.0, 260.0]
+    assert [label.get_text() for label in ax.get_xticklabels()] == [
+        f"{JAX_SCAN}\n1 XLA device",
+        f"{MULTIGPU}\n1 process",
+        f"{MULTIGPU}\n2 processes, even split",
+    ]
+
+
+def test_a_failed_throughput_measurement_has_no_bar():
+    results = throughput_results()
+    results["rows"][4]["steady_sps"] = float("nan")  # the JAX script on 2 devices, fp32: left out
+    (ax,) = plot.plot_throughput(results).axes
+    assert ax.patches[2].get_height() == 0.0
+    assert [text.get_text() for text in ax.texts][:3] == ["410", "310", ""]
+
+
+def test_each_scheme_runs_with_its_launcher_flags_and_xla_devices():
+    import benchmark.throughput as throughput
+
+    run = lambda configuration: throughput.real_run(configuration, "Pong", 8, 16, 1024, "none")
+    command, environment = run(throughput.Configuration(MULTIGPU, 2, "measured"))
+    assert command[0] == throughput.TORCHRUN and "--nproc-per-node=2" in command
+    assert " --local-num-envs 8 " in " ".join(command) and " --env-split measured --split-every 3" in " ".join(command)
+    command, _ = run(throughput.Configuration(MULTIGPU, 2, "even"))
+    assert " --env-split even" in " ".join(command) and "--split-every" not in command
+    command, environment = run(throughput.Configuration(JAX_SCAN, xla_devices=2))
+    assert command[0] == sys.executable and " --num-envs 8 " in " ".join(command)
+    assert "--xla_force_host_platform_device_count=2" in environment["XLA_FLAGS"]
+    _, environment = run(throughput.Configuration(JAX_SCAN, xla_devices=1))
+    assert "xla_force_host_platform_device_count" not in environment.get("XLA_FLAGS", "")
+
+
+FAKE_JAX_SCRIPT = """
+import os, re
+from torch.utils.tensorboard import SummaryWriter
+
+forced = re.search(r"device_count=(\\d+)", os.environ.get("XLA_FLAGS", ""))
+devices = os.environ.get("FAKE_GPUS") or (forced[1] if forced else "1")
+print(f"{devices} {'gpu' if os.environ.get('FAKE_GPUS') else 'cpu'} device(s) on 1 process(es): ...", flush=True)
+writer = SummaryWriter("runs/fake")
+for i, wall in enumerate([100.0, 102.0, 104.0, 106.0]):  # 1000 steps every 2 s
+    writer.add_scalar("charts/SPS", 1.0, 1000 * (i + 1), walltime=wall)
+writer.close()
+"""
+
+
+def test_a_jax_run_on_forced_xla_devices_is_measured_and_one_that_did_not_get_them_is_left_out(
+    tmp_path, monkeypatch, capsys
+):
+    import benchmark.throughput as throughput
+
+    (tmp_path / "cleanrl").mkdir()
+    (tmp_path / "cleanrl" / f"{JAX_SCAN}.py").write_text(FAKE_JAX_SCRIPT)
+    monkeypatch.setattr(throughput, "REPO_ROOT", str(tmp_path))
+    two_devices = throughput.Configuration(JAX_SCAN, xla_devices=2)
+    assert throughput.measure_real(two_devices, "Pong", 8, 16, 3, "none") == (1.0, 500.0)
+    monkeypatch.setenv("FAKE_GPUS", "1")  # a GPU machine: the forced count makes CPU devices only
+    assert all(math.isnan(sps) for sps in throughput.measure_real(two_devices, "Pong", 8, 16, 3, "none"))
+    assert "2 XLA devices none: left out, the run had 1 gpu device(s)" in capsys.readouterr().out
+
+
+def test_xla_devices_that_do_not_divide_the_envs_are_a_one_line_error(tmp_path):
+    result = run_tool("throughput.py", "--scripts", JAX_SCAN, "--xla-devices", "1", "3", cwd=tmp_path)
+    assert_user_error(result, "--xla-devices 1 3", "--num-envs 8")
 
 
 def test_throughput_command_writes_the_png(tmp_path):
