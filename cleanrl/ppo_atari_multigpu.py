@@ -67,7 +67,7 @@ class Args:
     mixed_precision: Literal["none", "bf16"] = "none"
     """bf16 autocasts the network's forward passes; loss, advantages, gradient all-reduce and optimizer stay fp32"""
     progress_interval: float = 30.0
-    """seconds between plain progress lines when stderr is not a terminal (log files, Slurm, nohup)"""
+    """the minimum seconds between two progress lines on stderr (the first and the last always print)"""
     checkpoint_every: int = 0
     """write a checkpoint to `runs/{run_name}/checkpoints/` every K iterations and at the end (0: never)"""
     resume: str | None = None
