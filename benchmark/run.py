@@ -254,18 +254,28 @@ def start(run: Run, log_dir: str, threads: int, dies_with_runner: bool = False):
             env={**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"},
             start_new_session=True,
             pass_fds=(run.lock.fileno(),),  # the run holds its lock for as long as it lives, runner or not
-            preexec_fn=lambda: reset_signals(dies_with_runner),
+            preexec_fn=lambda: prepare_run_process(dies_with_runner),
         )
     run.state, run.started = "running", time.time()
 
 
-def reset_signals(dies_with_runner: bool):
-    """In the run's process, before it execs: SIGINT at its default; with dies_with_runner, a SIGKILL
-    when the runner's thread that started it ends (prctl PR_SET_PDEATHSIG, kept across exec; bash -c
-    execs a single command, so the script itself gets it)."""
+def prepare_run_process(dies_with_runner: bool):
+    """In the run's process, in its new session, before it execs: SIGINT at its default; with
+    dies_with_runner, a SIGKILL when the runner's thread that started it ends (prctl PR_SET_PDEATHSIG,
+    kept across exec; bash -c execs a single command, so the script itself gets it). And the runner's
+    niceness for the session: where the kernel groups processes by session (sched_autogroup, on by default
+    on most distributions) a process's nice value only ranks it within its session, so a `nice -n 19`
+    runner's run would otherwise take its full share of the cores from every other session's work."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     if dies_with_runner:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    niceness = os.nice(0)
+    if niceness > 0 and os.path.exists("/proc/self/autogroup"):
+        try:
+            with open("/proc/self/autogroup", "w") as autogroup:
+                autogroup.write(str(niceness))
+        except OSError:  # a kernel without autogroup scheduling: the nice value alone already ranks the run
+            pass
 
 
 PR_SET_PDEATHSIG = 1  # from linux/prctl.h

@@ -177,6 +177,20 @@ def test_on_a_terminal_a_status_table_is_redrawn_in_place(tmp_path):
     assert "3 done" in tables[-1]
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="no sched_autogroup: nice alone ranks a run")
+def test_a_niced_runner_gives_its_runs_session_the_same_niceness(tmp_path):
+    # Each run has a session of its own, and with sched_autogroup the kernel shares the cores between
+    # sessions first: a run niced only as a process would take a full share from everything else.
+    script = tmp_path / "autogroup.py"
+    script.write_text("import os\nprint(open('/proc/self/autogroup').read().strip(), 'process nice', os.nice(0))\n")
+    command = ["nice", "-n", "7", sys.executable, os.path.join(REPO_ROOT, "benchmark", "run.py")]
+    command += ["--env-ids", "Pong", "--seeds", "1", "--command", f"{sys.executable} {script}"]
+    result = subprocess.run(command, cwd=tmp_path, env=subprocess_environment(None), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    log = (tmp_path / "logs" / "Pong__autogroup__1.log").read_text()
+    assert re.search(r"^/autogroup-\d+ nice 7 process nice 7$", log, re.M), log
+
+
 def test_each_run_gets_cores_divided_by_workers_threads(tmp_path):
     for workers in (1, 2):
         result = runner(
