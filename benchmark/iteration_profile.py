@@ -22,7 +22,7 @@ ONEDNN_VERBOSE=1 and sums oneDNN's primitives by implementation: on a CPU with A
 shows a convolution on AMX tiles, anything else one that is not. CPU only (GPU work is asynchronous).
 
     python benchmark/iteration_profile.py                                   # ppo_atari.py, fp32 and bf16
-    python benchmark/iteration_profile.py --script cleanrl/ppo_atari_envpool.py --precisions bf16 --ops
+    python benchmark/iteration_profile.py --precisions bf16 --ops --script cleanrl/ppo_atari_envpool.py
     python benchmark/iteration_profile.py --onednn --iterations 2 -- --num-envs 8
 """
 
