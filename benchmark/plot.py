@@ -50,6 +50,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display needed (Slurm, CI, ssh)
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import scipy.stats  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader  # noqa: E402
 
@@ -386,6 +387,32 @@ def milestones_table(runs: list[Run], window: int, every: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def comparison_table(runs: list[Run], window: int, base: str, other: str) -> str:
+    """Per env id that both scripts ran: OTHER's final return minus BASE's, with the 95% confidence
+    interval of Welch's t over the seeds (unequal variances; with a handful of seeds a bootstrap would
+    give too narrow an interval), also in percent of BASE's mean."""
+    lines = [
+        f"| env id | {base} | {other} | {other} - {base} | 95% CI | in % of {base} | 95% CI in % |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    groups = group(runs)
+    for env_id in dict.fromkeys(env_id for env_id, _ in groups):
+        finals = [[final_return(run, window) for run in groups.get((env_id, script), [])] for script in (base, other)]
+        if min(map(len, finals)) < 2:
+            warn(f"--compare: {env_id} needs 2 or more seeds of both {base} and {other}; left out")
+            continue
+        difference = np.mean(finals[1]) - np.mean(finals[0])
+        low, high = scipy.stats.ttest_ind(finals[1], finals[0], equal_var=False).confidence_interval(0.95)
+        percent = 100 / np.mean(finals[0])
+        interval = f"[{low:+.2f}, {high:+.2f}]"
+        relative = f"{difference * percent:+.1f}% | [{low * percent:+.1f}%, {high * percent:+.1f}%]"
+        lines.append(
+            f"| {env_id} | {format_mean_std(finals[0])} | {format_mean_std(finals[1])} | {difference:+.2f} "
+            f"| {interval} | {relative} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def normalized_scores(runs: list[Run], window: int) -> tuple[dict[str, np.ndarray], list[str]] | None:
     """{script: (runs, games) human-normalized final returns} on the games every script ran, or None
     when those are fewer than 3. Every script gets the same number of runs per game (the first seeds)."""
@@ -495,6 +522,9 @@ def learning(cli):
     report = "## Final return and speed\n\n" + results_table(runs, cli.window)
     if cli.every:
         report += f"\n## Along the way, every {cli.every:,} steps\n\n" + milestones_table(runs, cli.window, cli.every)
+    if cli.compare:
+        base, other = cli.compare
+        report += f"\n## {other} against {base}\n\n" + comparison_table(runs, cli.window, base, other)
     normalized = normalized_scores(runs, cli.window)
     if normalized is None:
         print("aggregate figures left out: they need 3 or more Atari games that every script ran")
@@ -712,6 +742,12 @@ def main():
         default=0,
         metavar="STEPS",
         help="also tabulate each run's last-window mean at every STEPS steps (default: off)",
+    )
+    runs.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("BASE", "OTHER"),
+        help="also tabulate OTHER's final return minus BASE's (two scripts' exp_names) with a 95%% confidence interval",
     )
     speed = commands.add_parser("throughput", help="the bar chart of a `benchmark/throughput.py --json` result")
     speed.add_argument("results", help="the JSON file written by benchmark/throughput.py --json")

@@ -512,3 +512,39 @@ def test_a_malformed_reference_is_a_one_line_error(tmp_path):
     write_study(tmp_path / "runs", env_ids=["BreakoutNoFrameskip-v4"])
     result = run_tool("plot.py", "learning", "--runs-dir", "runs", "--reference", "CleanRL 414", cwd=tmp_path)
     assert_user_error(result, "expected LABEL=RETURN")
+
+
+def test_compare_gives_the_difference_of_final_returns_with_welchs_95_percent_interval(tmp_path):
+    # Final returns: alpha 10, 12, 14 (sample variance 4), beta 20, 30 (50): a difference of 13, a standard
+    # error of sqrt(4/3 + 50/2), on Welch-Satterthwaite's degrees of freedom (not the pooled t's 3).
+    finals = {"alpha": [10.0, 12.0, 14.0], "beta": [20.0, 30.0]}
+    for script, values in finals.items():
+        for seed, value in enumerate(values, start=1):
+            text = hyperparameters_text("BreakoutNoFrameskip-v4", script, seed)
+            write_run(tmp_path / "runs", f"{script}_{seed}", [-1000.0] * 50 + [value] * 100, text)
+    args = ("--runs-dir", "runs", "--out-dir", "out", "--compare", "alpha", "beta")
+    result = run_tool("plot.py", "learning", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = (tmp_path / "out" / "results.md").read_text()
+    assert "## beta against alpha" in report
+    (row,) = [line for line in report.splitlines() if line.startswith("| BreakoutNoFrameskip-v4 | 12.00")]
+    a, b = 4 / 3, 50 / 2  # the squared standard errors of the two means
+    degrees = (a + b) ** 2 / (a**2 / 2 + b**2 / 1)
+    low, high = (
+        13 - scipy.stats.t.ppf(0.975, degrees) * math.sqrt(a + b),
+        13 + scipy.stats.t.ppf(0.975, degrees) * math.sqrt(a + b),
+    )
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[1:4] == [f"12.00 ± {np.std(finals['alpha']):.2f}", "25.00 ± 5.00", "+13.00"]
+    assert cells[4] == f"[{low:+.2f}, {high:+.2f}]"
+    assert cells[5:] == ["+108.3%", f"[{low / 0.12:+.1f}%, {high / 0.12:+.1f}%]"]
+
+
+def test_compare_leaves_out_an_env_without_two_seeds_of_each_script_with_a_warning(tmp_path):
+    write_study(tmp_path / "runs", env_ids=["BreakoutNoFrameskip-v4"])
+    args = ("--runs-dir", "runs", "--out-dir", "out", "--compare", "alpha", "gamma")
+    result = run_tool("plot.py", "learning", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "needs 2 or more seeds of both alpha and gamma" in result.stderr
+    report = (tmp_path / "out" / "results.md").read_text()
+    assert "## gamma against alpha" in report and "| BreakoutNoFrameskip-v4 | 17.00" not in report
