@@ -619,7 +619,9 @@ def measured_split_run(tmp_path_factory):
     a third of rank 0's speed, and still at half of it if other jobs load both cores alike. Each loop
     is a session of its own: Linux's autogroup scheduler shares a core between sessions first, and the
     two loops of one session would take only half of the core together. 16 iterations of 8 envs x 32 steps,
-    --env-split measured every 2 iterations, videos."""
+    --env-split measured every 2 iterations, videos. Games end within 48 steps (--max-episode-steps): a new
+    split starts new environments, and under load the split may change at every measurement, 64 steps
+    apart, too soon for a whole game of Breakout at random play."""
     cores = sorted(os.sched_getaffinity(0))[:2]
     if len(cores) < 2 or shutil.which("taskset") is None:
         pytest.skip("needs 2 cores and taskset")
@@ -651,6 +653,8 @@ def measured_split_run(tmp_path_factory):
         "2",
         "--checkpoint-every",
         "8",
+        "--max-episode-steps",
+        "48",
         "--capture-video",
     ]
     competitors = [
@@ -699,6 +703,7 @@ def test_measured_split_keeps_every_step_game_and_weight_right(measured_split_ru
         for rank, m in rank_lines(stdout, r"rank (?P<rank>\d+): played (?P<games>\d+) games").items()
     }
     game_steps = steps(scalars, "charts/episodic_return")
+    assert played[0] > 0 and played[1] > 0
     assert len(game_steps) == played[0] + played[1] and len(set(game_steps)) == len(game_steps)
     digests = set(re.findall(r"parameters sha256 ([0-9a-f]+)", stdout))
     assert len(digests) == 1
