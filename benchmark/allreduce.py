@@ -31,13 +31,15 @@ import argparse
 import json
 import math
 import os
-import platform
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmark.run import cpu_model  # noqa: E402  (the runner's logs name the CPU alike)
 
 SCHEMES = ("ring", "central")
 # "Ring-style aggregation cuts communication by 60%": where the central scheme costs 60% more than the ring.
@@ -275,17 +277,6 @@ def run_processes(processes: int, cli) -> dict:
     return json.loads(results[0][len("RESULT ") :])
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def format_bytes(count: float) -> str:
     return f"{count / 1e6:.1f} MB" if count >= 1e5 else f"{count / 1e3:.1f} kB"
 
@@ -387,7 +378,7 @@ def main():
             "repeats": cli.repeats,
             "warmup": cli.warmup,
             "cpus": os.cpu_count(),
-            "cpu": cpu_name(),
+            "cpu": cpu_model(),
             "gpu": gpu,
             "torch": torch.__version__,
             "nccl_algo": os.environ.get("NCCL_ALGO"),

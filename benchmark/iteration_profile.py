@@ -39,6 +39,9 @@ import tempfile
 import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+from benchmark.run import cpu_model  # noqa: E402  (the runner's logs name the CPU alike)
+
 SCRIPTS = ("ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py")  # the multigpu one as a job of one process
 PHASES = (
     "env step",
@@ -55,15 +58,6 @@ PHASES = (
 
 def precision_name(precision: str) -> str:
     return "fp32" if precision == "none" else precision
-
-
-def cpu_name() -> str:
-    """The CPU's model name and whether it has the bf16 instructions oneDNN uses."""
-    with open("/proc/cpuinfo") as f:
-        info = f.read()
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
-    flags = [flag for flag in ("amx_bf16", "avx512_bf16") if f" {flag}" in info]
-    return f"{model} ({', '.join(flags) or 'no bf16 instructions'}), {os.cpu_count()} cores"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,7 +257,8 @@ def main():
             json.dump(profile, f)
         return
 
-    print(f"{os.path.relpath(options.script, REPO_ROOT)} on {cpu_name()}, Python {platform.python_version()}")
+    script = os.path.relpath(options.script, REPO_ROOT)
+    print(f"{script} on {cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     profiles = []
     for precision in options.precisions:
         profiles.append(run_child(options, precision))

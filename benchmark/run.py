@@ -211,13 +211,23 @@ def still_alive(known: set[tuple[int, int]]) -> set[tuple[int, int]]:
     return {(pid, start) for pid, start in known if pid in table and table[pid][1] == start}
 
 
+# The widest vector instructions a CPU has, best first: one model name ("AMD EPYC") covers machines
+# whose fp32 speeds differ by a third and whose bf16 speeds differ several-fold.
+VECTOR_LEVELS = [("amx_bf16", "AMX"), ("avx512_bf16", "AVX-512 BF16"), ("avx512f", "AVX-512"), ("avx2", "AVX2")]
+
+
 def cpu_model() -> str:
-    """The CPU's model name from Linux's /proc/cpuinfo, else what `platform` knows."""
+    """The CPU's model name from Linux's /proc/cpuinfo with its widest vector instructions, e.g.
+    "AMD EPYC (AVX-512 BF16)", else what `platform` knows."""
     try:
         with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+            info = f.read()
+        model = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name"))
     except (OSError, StopIteration):
         return platform.processor() or platform.machine()
+    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+    level = next((name for flag, name in VECTOR_LEVELS if flag in flags), None)
+    return f"{model} ({level})" if level else model
 
 
 def machine() -> str:

@@ -365,17 +365,6 @@ def summarize(
     return rows
 
 
-def cpu_description() -> str:
-    """The CPU's model name (as the runner's logs give it) and whether it has AVX-512 BF16, on which
-    the bf16 bars depend."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            bf16 = "avx512_bf16" in f.read()
-    except OSError:
-        return cpu_model()
-    return f"{cpu_model()}, {'with' if bf16 else 'no'} AVX-512 BF16"
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scripts", nargs="+", default=SCRIPTS, choices=SCRIPTS + [TORCHRUN_SCRIPT])
@@ -469,7 +458,7 @@ def main():
             "real_only": cli.real_only,
             "split_every": SPLIT_EVERY if TORCHRUN_SCRIPT in cli.scripts else None,
             "cpus": os.cpu_count(),
-            "cpu": cpu_description(),
+            "cpu": cpu_model(),  # with its vector level, on which the bf16 bars depend
             "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d %H:%M"),
         }

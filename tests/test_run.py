@@ -18,6 +18,8 @@ from running import FAKE_TRAIN, REPO_ROOT, assert_user_error, is_alive, run_tool
 
 FAKE = f"{sys.executable} {FAKE_TRAIN}"
 CORES = len(os.sched_getaffinity(0))
+# /proc/cpuinfo flags, widest first, and the names the runner gives them in a log's header
+WIDEST_FIRST = [("amx_bf16", "AMX"), ("avx512_bf16", "AVX-512 BF16"), ("avx512f", "AVX-512"), ("avx2", "AVX2")]
 
 
 def runner(*args: str, cwd, env: dict | None = None):
@@ -213,6 +215,10 @@ def test_each_run_gets_cores_divided_by_workers_threads(tmp_path):
         assert re.search(
             rf"^# OMP_NUM_THREADS={max(1, CORES // workers)}, started .* on {re.escape(platform.node())}, ", log, re.M
         )
+        # and the CPU with its widest vector instructions: "AMD EPYC" alone names AVX2 and AVX-512 BF16 machines
+        flags = set(re.search(r"^flags\s*:(.*)$", open("/proc/cpuinfo").read(), re.M)[1].split())
+        widest = [name for flag, name in WIDEST_FIRST if flag in flags][0]
+        assert f" ({widest}), {os.cpu_count()} cpus\n" in log
 
 
 def test_a_torchrun_command_divides_the_threads_by_its_processes_per_node(tmp_path):
