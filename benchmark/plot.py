@@ -17,6 +17,8 @@ script) and seed from its hyperparameters text, else from its directory name
       episodic returns; the mean and the standard deviation of those over the seeds) and the median
       over the seeds of each run's steady SPS (the median of its per-iteration SPS, computed from
       the steps and wall times of consecutive charts/SPS events, so start-up does not count);
+      For a run resumed from checkpoints, results.md also has a row per part (event file): when it
+      started, its steps, those redone by the next part, its hours and its steady SPS;
   with 3 or more Atari games that every script ran: aggregate.png (human-normalized IQM, median and
       mean with 95% stratified-bootstrap confidence intervals, rliable) and
       performance_profile.png (the fraction of runs above each human-normalized score), and their
@@ -42,6 +44,7 @@ import math
 import os
 import re
 import sys
+import time
 import warnings
 from dataclasses import dataclass
 
@@ -274,7 +277,11 @@ def final_return(run: Run, window: int) -> float:
 def steady_sps(run: Run) -> float:
     """The median of the run's per-iteration SPS (steps over wall time between consecutive
     charts/SPS events): start-up, compilation and a pause for a restart do not count."""
-    rates = np.diff(run.sps_steps) / np.diff(run.sps_times)
+    return median_rate(run.sps_steps, run.sps_times)
+
+
+def median_rate(steps: np.ndarray, times: np.ndarray) -> float:
+    rates = np.diff(steps) / np.diff(times)
     rates = rates[np.isfinite(rates) & (rates > 0)]
     return float(np.median(rates)) if rates.size else math.nan
 
@@ -413,6 +420,41 @@ def comparison_table(runs: list[Run], window: int, base: str, other: str) -> str
     return "\n".join(lines) + "\n"
 
 
+def attempt_sps(events_file: str) -> tuple[np.ndarray, np.ndarray]:
+    """The steps and wall times of one event file's charts/SPS events, all of them (no purge)."""
+    points = [
+        (event.step, event.wall_time)
+        for event in EventFileLoader(events_file).Load()
+        if any(value.tag == "charts/SPS" for value in event.summary.value)
+    ]
+    steps, times = np.array(points, dtype=np.float64).reshape(-1, 2).T
+    return steps, times
+
+
+def parts_table(runs: list[Run]) -> str:
+    """Each resumed run's parts, an event file each: when it started, the steps from the checkpoint it
+    resumed from to its last, those redone by the next part (resumed from an older checkpoint), its
+    hours and its steady SPS. Runs that never resumed have no rows."""
+    lines = [
+        "| env id | script | seed | part | started (UTC) | steps | redone by the next part | wall hours | median steady SPS "
+        "|",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (env_id, script), members in group(runs).items():
+        for run in members:
+            files = sorted(glob.glob(os.path.join(run.path, "events.out.tfevents*")))
+            parts = [(steps, times) for steps, times in map(attempt_sps, files) if steps.size >= 2]
+            starts = [steps[0] - (steps[1] - steps[0]) for steps, _ in parts]  # the step of its first checkpoint
+            for k, (steps, times) in enumerate(parts if len(parts) > 1 else []):
+                redone = max(0.0, steps[-1] - starts[k + 1]) if k + 1 < len(parts) else 0.0
+                started = time.strftime("%Y-%m-%d %H:%M", time.gmtime(times[0]))
+                lines.append(
+                    f"| {env_id} | {script} | {run.seed} | {k + 1} | {started} | {starts[k]:,.0f} -> {steps[-1]:,.0f} "
+                    f"| {redone:,.0f} | {(times[-1] - times[0]) / 3600:.2f} | {median_rate(steps, times):,.0f} |"
+                )
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+
+
 def normalized_scores(runs: list[Run], window: int) -> tuple[dict[str, np.ndarray], list[str]] | None:
     """{script: (runs, games) human-normalized final returns} on the games every script ran, or None
     when those are fewer than 3. Every script gets the same number of runs per game (the first seeds)."""
@@ -522,6 +564,8 @@ def learning(cli):
     report = "## Final return and speed\n\n" + results_table(runs, cli.window)
     if cli.every:
         report += f"\n## Along the way, every {cli.every:,} steps\n\n" + milestones_table(runs, cli.window, cli.every)
+    if parts := parts_table(runs):
+        report += "\n## Parts of resumed runs\n\n" + parts
     if cli.compare:
         base, other = cli.compare
         report += f"\n## {other} against {base}\n\n" + comparison_table(runs, cli.window, base, other)

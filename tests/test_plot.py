@@ -229,6 +229,31 @@ def test_a_resumed_run_counts_the_time_it_ran_not_its_pauses(tmp_path, capsys, c
     assert [record.message for record in caplog.records if record.name == "tensorboard"] == []
 
 
+def test_each_part_of_a_resumed_run_gets_its_start_steps_redone_steps_hours_and_speed(tmp_path):
+    # Part 1 logs 100 steps a second up to step 1,200 and is cut off after its checkpoint at 1,000; part 2
+    # resumes from it an hour later at 200 steps a second and ends at 2,000. Seed 2 never resumed.
+    start = 1_700_000_000  # 2023-11-14 22:13:20 UTC
+    folder = str(tmp_path / "runs" / "Pong-v5__alpha__1__1700000000")
+    for purge_step, first_step, last_step, rate, wall in [
+        (None, 100, 1200, 100, start),
+        (1001, 1100, 2000, 200, start + 3600),
+    ]:
+        writer = SummaryWriter(folder, purge_step=purge_step)
+        for k, step in enumerate(range(first_step, last_step + 1, 100)):
+            writer.add_scalar("charts/episodic_return", 1.0, step, walltime=wall + k * 100 / rate)
+            writer.add_scalar("charts/SPS", rate, step, walltime=wall + k * 100 / rate)
+        writer.close()
+    write_run(tmp_path / "runs", "Pong-v5__alpha__2__1700000000", [1.0] * 10, text=None, rates=[100.0] * 5)
+    result = run_tool("plot.py", "learning", "--runs-dir", "runs", "--out-dir", "out", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = (tmp_path / "out" / "results.md").read_text()
+    rows = [line for line in report.split("## Parts of resumed runs")[1].splitlines() if line.startswith("| Pong")]
+    assert rows == [
+        "| Pong-v5 | alpha | 1 | 1 | 2023-11-14 22:13 | 0 -> 1,200 | 200 | 0.00 | 100 |",
+        "| Pong-v5 | alpha | 1 | 2 | 2023-11-14 23:13 | 1,000 -> 2,000 | 0 | 0.00 | 200 |",
+    ]
+
+
 def test_a_run_that_finished_no_game_is_skipped_with_a_warning(tmp_path, capsys):
     write_run(tmp_path, "Pong-v5__alpha__1__1700000000", [], text=None, rates=[100.0])
     assert plot.read_runs(str(tmp_path)) == []
