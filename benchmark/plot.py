@@ -436,8 +436,8 @@ def parts_table(runs: list[Run]) -> str:
     resumed from to its last, those redone by the next part (resumed from an older checkpoint), its
     hours and its steady SPS. Runs that never resumed have no rows."""
     lines = [
-        "| env id | script | seed | part | started (UTC) | steps | redone by the next part | wall hours | median steady SPS "
-        "|",
+        "| env id | script | seed | part | started (UTC) | steps | redone by the next part | wall hours "
+        "| median steady SPS |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for (env_id, script), members in group(runs).items():
