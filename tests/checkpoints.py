@@ -16,7 +16,8 @@ def assert_run_resumes_where_its_checkpoint_left_it(
     went away after iteration 4 was logged, before its checkpoint was written). A second process cannot
     take the run over while the first holds it, nor a command with other hyperparameters; `--resume
     auto` goes on from iteration 2 in the run's own directory: every iteration logged once, the learning
-    rate annealed over the whole run, no game twice, Adam's moments carried on, and the weights of a
+    rate annealed over the whole run, no game twice, Adam's moments carried on, the same numbers when the
+    same checkpoint is resumed again, and the weights of a
     checkpoint restored bit for bit (`final_state_check(checkpoint_path, model_path)`: the torch scripts'
     check by default; `extension`: the checkpoint files'). Returns the resumed run's output."""
     monkeypatch.chdir(tmp_path)
@@ -62,6 +63,15 @@ def assert_run_resumes_where_its_checkpoint_left_it(
     assert game_steps, "the run finished games: their steps are checked"
     assert game_steps == sorted(set(game_steps)), "every game once, none of the first attempt's past iteration 2"
     assert sorted(os.listdir(checkpoints)) == kept
+
+    # Resuming is deterministic: the same checkpoint resumed again logs the same games, losses and learning
+    # rates, bit for bit (a run split over machines learns as one that never stopped would, given its resumes).
+    module.main(module.Args(**run, resume=os.path.join(checkpoints, f"iteration-0000002.{extension}")))
+    capsys.readouterr()
+    again = read_scalars(run_dir)
+    assert again.keys() == scalars.keys()
+    for tag in scalars.keys() - {"charts/SPS"}:
+        assert again[tag] == scalars[tag], tag
 
     # Resuming the finished run has nothing left to learn: the model it saves is the checkpoint's, bit for bit.
     module.main(module.Args(**run, resume="auto", save_model=True, eval_episodes=1))
