@@ -17,8 +17,8 @@ script) and seed from its hyperparameters text, else from its directory name
       episodic returns; the mean and the standard deviation of those over the seeds) and the median
       over the seeds of each run's steady SPS (the median of its per-iteration SPS, computed from
       the steps and wall times of consecutive charts/SPS events, so start-up does not count);
-      For a run resumed from checkpoints, results.md also has a row per part (event file): when it
-      started, its steps, those redone by the next part, its hours and its steady SPS;
+      for a run resumed from checkpoints, also a row per part (event file): when it started, its
+      steps, those redone by the next part, its wall hours and its steady SPS;
   with 3 or more Atari games that every script ran: aggregate.png (human-normalized IQM, median and
       mean with 95% stratified-bootstrap confidence intervals, rliable) and
       performance_profile.png (the fraction of runs above each human-normalized score), and their
@@ -420,21 +420,37 @@ def comparison_table(runs: list[Run], window: int, base: str, other: str) -> str
     return "\n".join(lines) + "\n"
 
 
-def attempt_sps(events_file: str) -> tuple[np.ndarray, np.ndarray]:
-    """The steps and wall times of one event file's charts/SPS events, all of them (no purge)."""
-    points = [
-        (event.step, event.wall_time)
-        for event in EventFileLoader(events_file).Load()
-        if any(value.tag == "charts/SPS" for value in event.summary.value)
-    ]
+@dataclass
+class Part:
+    """One part of a resumed run: an event file, from the checkpoint it resumed from to where it stopped."""
+
+    created: float  # the wall time of the file's first event: the order the parts ran in
+    started: float  # the wall time of its first scalar (of the file's creation if it logged none)
+    resumed_from: float  # the step of the checkpoint it went on from (0 for the first part)
+    sps_steps: np.ndarray
+    sps_times: np.ndarray
+
+
+def read_part(events_file: str) -> Part:
+    # A resumed part's SummaryWriter starts with a purge_step, logged as a SessionLog START at the
+    # checkpoint's step + 1.
+    created, started, resumed_from, points = None, None, 0.0, []
+    for event in EventFileLoader(events_file).Load():
+        created = event.wall_time if created is None else created
+        if started is None and event.summary.value:
+            started = event.wall_time
+        if event.HasField("session_log") and event.session_log.status == event.session_log.START:
+            resumed_from = float(event.step - 1)
+        if any(value.tag == "charts/SPS" for value in event.summary.value):
+            points.append((event.step, event.wall_time))
     steps, times = np.array(points, dtype=np.float64).reshape(-1, 2).T
-    return steps, times
+    return Part(created or 0.0, started or created or 0.0, resumed_from, steps, times)
 
 
 def parts_table(runs: list[Run]) -> str:
-    """Each resumed run's parts, an event file each: when it started, the steps from the checkpoint it
-    resumed from to its last, those redone by the next part (resumed from an older checkpoint), its
-    hours and its steady SPS. Runs that never resumed have no rows."""
+    """Each resumed run's parts, an event file each, in the order they ran: when it started, the steps
+    from the checkpoint it resumed from to its last, those redone by the next part (which resumed from an
+    older checkpoint), its wall hours and its steady SPS. Runs that never resumed have no rows."""
     lines = [
         "| env id | script | seed | part | started (UTC) | steps | redone by the next part | wall hours "
         "| median steady SPS |",
@@ -442,16 +458,21 @@ def parts_table(runs: list[Run]) -> str:
     ]
     for (env_id, script), members in group(runs).items():
         for run in members:
-            files = sorted(glob.glob(os.path.join(run.path, "events.out.tfevents*")))
-            parts = [(steps, times) for steps, times in map(attempt_sps, files) if steps.size >= 2]
-            starts = [steps[0] - (steps[1] - steps[0]) for steps, _ in parts]  # the step of its first checkpoint
-            for k, (steps, times) in enumerate(parts if len(parts) > 1 else []):
-                redone = max(0.0, steps[-1] - starts[k + 1]) if k + 1 < len(parts) else 0.0
-                started = time.strftime("%Y-%m-%d %H:%M", time.gmtime(times[0]))
-                lines.append(
-                    f"| {env_id} | {script} | {run.seed} | {k + 1} | {started} | {starts[k]:,.0f} -> {steps[-1]:,.0f} "
-                    f"| {redone:,.0f} | {(times[-1] - times[0]) / 3600:.2f} | {median_rate(steps, times):,.0f} |"
-                )
+            files = glob.glob(os.path.join(run.path, "events.out.tfevents*"))
+            if len(files) < 2:
+                continue
+            parts = sorted(map(read_part, files), key=lambda part: part.created)
+            for k, part in enumerate(parts):
+                last = part.sps_steps[-1] if part.sps_steps.size else part.resumed_from
+                redone = max(0.0, last - parts[k + 1].resumed_from) if k + 1 < len(parts) else 0.0
+                hours, sps = "-", "-"
+                if part.sps_steps.size >= 2:
+                    hours = f"{(part.sps_times[-1] - part.sps_times[0]) / 3600:.2f}"
+                    sps = f"{median_rate(part.sps_steps, part.sps_times):,.0f}"
+                started = time.strftime("%Y-%m-%d %H:%M", time.gmtime(part.started))
+                steps = f"{part.resumed_from:,.0f} -> {last:,.0f}"
+                cells = [env_id, script, run.seed, k + 1, started, steps, f"{redone:,.0f}", hours, sps]
+                lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 
@@ -658,7 +679,7 @@ def plot_throughput(results: dict) -> plt.Figure:
     title = [
         setup.get("env_id"),
         f"{setup.get('num_envs')} envs x {setup.get('num_steps')} steps per process",
-        f"{setup.get('cpus')} CPUs" + (f" ({setup['cpu']})" if setup.get("cpu") else ""),
+        f"{setup.get('cpus')} CPUs" + (f": {setup['cpu']}" if setup.get("cpu") else ""),
         setup.get("date"),
     ]
     ax.set_title(", ".join(str(part) for part in title if part and "None" not in str(part)), fontsize="medium")

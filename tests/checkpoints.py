@@ -67,7 +67,9 @@ def assert_run_resumes_where_its_checkpoint_left_it(
     # Resuming is deterministic: the same checkpoint resumed again logs the same games, losses and learning
     # rates, bit for bit (a run split over machines learns as one that never stopped would, given its resumes).
     module.main(module.Args(**run, resume=os.path.join(checkpoints, f"iteration-0000002.{extension}")))
-    capsys.readouterr()
+    output_again = capsys.readouterr().out
+    assert re.search(rf"resuming \S+ at step {2 * batch:,} from \S+{saved_at}", output_again), output_again
+    assert f"finished 4 iterations, {4 * batch} steps" in output_again
     again = read_scalars(run_dir)
     assert again.keys() == scalars.keys()
     for tag in scalars.keys() - {"charts/SPS"}:

@@ -230,18 +230,21 @@ def test_a_resumed_run_counts_the_time_it_ran_not_its_pauses(tmp_path, capsys, c
 
 
 def test_each_part_of_a_resumed_run_gets_its_start_steps_redone_steps_hours_and_speed(tmp_path):
-    # Part 1 logs 100 steps a second up to step 1,200 and is cut off after its checkpoint at 1,000; part 2
-    # resumes from it an hour later at 200 steps a second and ends at 2,000. Seed 2 never resumed.
+    # Part 1 logs 100 steps every 100 s up to step 1,200 and is cut off after its checkpoint at 1,000. Part 2
+    # resumes from it two hours later and dies after one iteration. Part 3 resumes from it again and logs
+    # 100 steps every 60 s up to 2,000. Seed 2 never resumed.
     start = 1_700_000_000  # 2023-11-14 22:13:20 UTC
     folder = str(tmp_path / "runs" / "Pong-v5__alpha__1__1700000000")
-    for purge_step, first_step, last_step, rate, wall in [
+    parts = [
         (None, 100, 1200, 100, start),
-        (1001, 1100, 2000, 200, start + 3600),
-    ]:
+        (1001, 1100, 1100, 100, start + 7200),
+        (1001, 1100, 2000, 60, start + 10800),
+    ]
+    for purge_step, first_step, last_step, seconds_per_iteration, wall in parts:
         writer = SummaryWriter(folder, purge_step=purge_step)
         for k, step in enumerate(range(first_step, last_step + 1, 100)):
-            writer.add_scalar("charts/episodic_return", 1.0, step, walltime=wall + k * 100 / rate)
-            writer.add_scalar("charts/SPS", rate, step, walltime=wall + k * 100 / rate)
+            writer.add_scalar("charts/episodic_return", 1.0, step, walltime=wall + k * seconds_per_iteration)
+            writer.add_scalar("charts/SPS", 1.0, step, walltime=wall + k * seconds_per_iteration)
         writer.close()
     write_run(tmp_path / "runs", "Pong-v5__alpha__2__1700000000", [1.0] * 10, text=None, rates=[100.0] * 5)
     result = run_tool("plot.py", "learning", "--runs-dir", "runs", "--out-dir", "out", cwd=tmp_path)
@@ -249,8 +252,9 @@ def test_each_part_of_a_resumed_run_gets_its_start_steps_redone_steps_hours_and_
     report = (tmp_path / "out" / "results.md").read_text()
     rows = [line for line in report.split("## Parts of resumed runs")[1].splitlines() if line.startswith("| Pong")]
     assert rows == [
-        "| Pong-v5 | alpha | 1 | 1 | 2023-11-14 22:13 | 0 -> 1,200 | 200 | 0.00 | 100 |",
-        "| Pong-v5 | alpha | 1 | 2 | 2023-11-14 23:13 | 1,000 -> 2,000 | 0 | 0.00 | 200 |",
+        "| Pong-v5 | alpha | 1 | 1 | 2023-11-14 22:13 | 0 -> 1,200 | 200 | 0.31 | 1 |",
+        "| Pong-v5 | alpha | 1 | 2 | 2023-11-15 00:13 | 1,000 -> 1,100 | 100 | - | - |",
+        "| Pong-v5 | alpha | 1 | 3 | 2023-11-15 01:13 | 1,000 -> 2,000 | 0 | 0.15 | 2 |",
     ]
 
 
