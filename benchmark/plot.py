@@ -149,6 +149,7 @@ class Run:
     returns: np.ndarray
     sps_steps: np.ndarray  # the steps and wall times of the charts/SPS events (one per iteration)
     sps_times: np.ndarray
+    total_steps: float = math.nan  # the run's --total-timesteps, from its hyperparameters text (nan if none)
 
 
 def hyperparameters(accumulator: EventAccumulator) -> dict[str, str]:
@@ -203,6 +204,7 @@ def read_run(path: str) -> Run | None:
             flush=True,
         )
     sps = accumulator.Scalars("charts/SPS") if "charts/SPS" in scalars else []
+    total_steps = hyperparameters(accumulator).get("total_timesteps", "")
     return Run(
         path,
         *identity,
@@ -213,6 +215,7 @@ def read_run(path: str) -> Run | None:
         returns=np.array([e.value for e in episodes], dtype=np.float64),
         sps_steps=np.array([e.step for e in sps], dtype=np.float64),
         sps_times=np.array([e.wall_time for e in sps]),
+        total_steps=float(total_steps) if re.fullmatch(r"\d+", total_steps) else math.nan,
     )
 
 
@@ -257,6 +260,12 @@ def read_runs(runs_dir: str) -> list[Run]:
             run = further
         kept[key] = run
     return list(kept.values())
+
+
+def unfinished(run: Run) -> bool:
+    """Whether the run stopped short of its --total-timesteps (still running, or cut off): its last
+    iteration ends within 1% of the total (the iterations need not divide it)."""
+    return last_step(run) < 0.99 * run.total_steps  # False when the total is unknown (nan)
 
 
 def group(runs: list[Run]) -> dict[tuple[str, str], list[Run]]:
@@ -369,6 +378,10 @@ def results_table(runs: list[Run], window: int) -> str:
         "|---|---|---|---|---|",
     ]
     for (env_id, script), members in group(runs).items():
+        for run in filter(unfinished, members):
+            warn(
+                f"{run.path} stopped at step {last_step(run):,.0f} of {run.total_steps:,.0f}: its final return is there"
+            )
         finals = [final_return(run, window) for run in members]
         sps = [s for s in map(steady_sps, members) if not math.isnan(s)]
         lines.append(
@@ -402,7 +415,9 @@ def comparison_table(runs: list[Run], window: int, base: str, other: str) -> str
         f"| env id | {base} | {other} | {other} - {base} | 95% CI | in % of {base} | 95% CI in % |",
         "|---|---|---|---|---|---|---|",
     ]
-    groups = group(runs)
+    for run in filter(unfinished, runs):
+        warn(f"--compare: {run.path} has not reached its total steps; left out")
+    groups = group([run for run in runs if not unfinished(run)])
     for env_id in dict.fromkeys(env_id for env_id, _ in groups):
         finals = [[final_return(run, window) for run in groups.get((env_id, script), [])] for script in (base, other)]
         if min(map(len, finals)) < 2:

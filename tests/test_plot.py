@@ -551,9 +551,14 @@ def test_compare_gives_the_difference_of_final_returns_with_welchs_95_percent_in
         for seed, value in enumerate(values, start=1):
             text = hyperparameters_text("BreakoutNoFrameskip-v4", script, seed)
             write_run(tmp_path / "runs", f"{script}_{seed}", [-1000.0] * 50 + [value] * 100, text)
+    # A third seed of beta still running: 20 of its 150 games, at step 2,000 of 15,000. Left out of the comparison.
+    write_run(tmp_path / "runs", "beta_3", [99.0] * 20, hyperparameters_text("BreakoutNoFrameskip-v4", "beta", 3))
     args = ("--runs-dir", "runs", "--out-dir", "out", "--compare", "alpha", "beta")
     result = run_tool("plot.py", "learning", *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
+    unfinished = os.path.join("runs", "beta_3")
+    assert f"warning: {unfinished} stopped at step 2,000 of 15,000: its final return is there" in result.stderr
+    assert f"warning: --compare: {unfinished} has not reached its total steps; left out" in result.stderr
     report = (tmp_path / "out" / "results.md").read_text()
     assert "## beta against alpha" in report
     (row,) = [line for line in report.splitlines() if line.startswith("| BreakoutNoFrameskip-v4 | 12.00")]
