@@ -351,11 +351,19 @@ def plot_returns(runs: list[Run], axis: str, window: int, references=()) -> plt.
         for (group_env, script), members in groups.items():
             if group_env != env_id:
                 continue
-            grid, mean, std = seed_curve(members, x_of, window)
-            seeds = f"{len(members)} seed{'s' if len(members) > 1 else ''}"
+            # The mean runs over the finished seeds, as far as they all got; a seed still running (or cut off)
+            # beside them gets a dashed line of its own instead of cutting the mean short.
+            finished = [run for run in members if not unfinished(run)]
+            running = [run for run in members if unfinished(run)] if finished else []
+            seed_runs = finished or members
+            grid, mean, std = seed_curve(seed_runs, x_of, window)
+            seeds = f"{len(seed_runs)} seed{'s' if len(seed_runs) > 1 else ''}"
             ax.plot(grid, mean, color=colors[script], label=f"{script} ({seeds})")
-            if len(members) > 1:
+            if len(seed_runs) > 1:
                 ax.fill_between(grid, mean - std, mean + std, color=colors[script], alpha=0.2, linewidth=0)
+            for run in running:
+                label = f"{script} seed {run.seed} (unfinished)"
+                ax.plot(x_of(run), running_mean(run.returns, window), color=colors[script], linestyle="--", label=label)
         for (label, value), style in zip(references, ["--", ":", "-."] * len(references)):
             ax.axhline(value, color="black", linestyle=style, linewidth=1, label=label)
         ax.set_title(env_id)
@@ -378,16 +386,19 @@ def results_table(runs: list[Run], window: int) -> str:
         "|---|---|---|---|---|",
     ]
     for (env_id, script), members in group(runs).items():
+        # A run short of its total steps (running, or cut off) does not enter the finished seeds' mean: it
+        # gets a row of its own, marked, with the step its return is at.
+        finished = [run for run in members if not unfinished(run)]
+        rows = [(script, ", ".join(str(run.seed) for run in finished), finished)] if finished else []
         for run in filter(unfinished, members):
-            warn(
-                f"{run.path} stopped at step {last_step(run):,.0f} of {run.total_steps:,.0f}: its final return is there"
-            )
-        finals = [final_return(run, window) for run in members]
-        sps = [s for s in map(steady_sps, members) if not math.isnan(s)]
-        lines.append(
-            f"| {env_id} | {script} | {', '.join(str(run.seed) for run in members)} | {format_mean_std(finals)} "
-            f"| {f'{np.median(sps):,.0f}' if sps else '-'} |"
-        )
+            at = f"step {last_step(run):,.0f} of {run.total_steps:,.0f}"
+            warn(f"{run.path} stopped at {at}: its final return is there")
+            rows.append((f"{script} (unfinished)", f"{run.seed} (at {at})", [run]))
+        for label, seeds, seed_runs in rows:
+            finals = [final_return(run, window) for run in seed_runs]
+            sps = [s for s in map(steady_sps, seed_runs) if not math.isnan(s)]
+            median = f"{np.median(sps):,.0f}" if sps else "-"
+            lines.append(f"| {env_id} | {label} | {seeds} | {format_mean_std(finals)} | {median} |")
     return "\n".join(lines) + "\n"
 
 

@@ -543,16 +543,45 @@ def test_a_malformed_reference_is_a_one_line_error(tmp_path):
     assert_user_error(result, "expected LABEL=RETURN")
 
 
+def write_comparison(runs_dir, finals: dict[str, list[float]]):
+    """Seeds 1, 2, ... of each script ending on its given final returns, and a seed of beta still running: 20
+    of its 150 games (all 99.0), at step 2,000 of 15,000."""
+    for script, values in finals.items():
+        for seed, value in enumerate(values, start=1):
+            text = hyperparameters_text("BreakoutNoFrameskip-v4", script, seed)
+            write_run(runs_dir, f"{script}_{seed}", [-1000.0] * 50 + [value] * 100, text)
+    seed = len(finals["beta"]) + 1
+    write_run(runs_dir, f"beta_{seed}", [99.0] * 20, hyperparameters_text("BreakoutNoFrameskip-v4", "beta", seed))
+
+
+def test_an_unfinished_run_has_a_marked_row_of_its_own_and_stays_out_of_the_finished_seeds_mean(tmp_path):
+    write_comparison(tmp_path / "runs", {"alpha": [10.0, 12.0], "beta": [20.0, 30.0]})
+    result = run_tool("plot.py", "learning", "--runs-dir", "runs", "--out-dir", "out", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = table_rows((tmp_path / "out" / "results.md").read_text())
+    assert rows["BreakoutNoFrameskip-v4", "beta"][2:4] == ["1, 2", "25.00 ± 5.00"]
+    assert rows["BreakoutNoFrameskip-v4", "beta (unfinished)"][2:4] == ["3 (at step 2,000 of 15,000)", "99.00 ± 0.00"]
+    assert rows["BreakoutNoFrameskip-v4", "alpha"][2:4] == ["1, 2", "11.00 ± 1.00"]
+    unfinished = os.path.join("runs", "beta_3")
+    assert f"warning: {unfinished} stopped at step 2,000 of 15,000: its final return is there" in result.stderr
+
+
+def test_an_unfinished_seed_is_a_dashed_line_of_its_own_and_does_not_cut_the_mean_short(tmp_path):
+    write_comparison(tmp_path, {"alpha": [10.0, 12.0], "beta": [20.0, 30.0]})
+    (ax,) = plot.plot_returns(plot.read_runs(str(tmp_path)), "steps", window=100).axes
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert list(lines) == ["alpha (2 seeds)", "beta (2 seeds)", "beta seed 3 (unfinished)"]
+    assert lines["beta (2 seeds)"].get_xdata()[-1] == 15000, "the finished seeds' mean reaches their end"
+    assert lines["beta (2 seeds)"].get_ydata()[-1] == pytest.approx(25.0)
+    assert lines["beta seed 3 (unfinished)"].get_linestyle() == "--"
+    assert lines["beta seed 3 (unfinished)"].get_xdata()[-1] == 2000
+
+
 def test_compare_gives_the_difference_of_final_returns_with_welchs_95_percent_interval(tmp_path):
     # Final returns: alpha 10, 12, 14 (sample variance 4), beta 20, 30 (50): a difference of 13, a standard
     # error of sqrt(4/3 + 50/2), on Welch-Satterthwaite's degrees of freedom (not the pooled t's 3).
     finals = {"alpha": [10.0, 12.0, 14.0], "beta": [20.0, 30.0]}
-    for script, values in finals.items():
-        for seed, value in enumerate(values, start=1):
-            text = hyperparameters_text("BreakoutNoFrameskip-v4", script, seed)
-            write_run(tmp_path / "runs", f"{script}_{seed}", [-1000.0] * 50 + [value] * 100, text)
-    # A third seed of beta still running: 20 of its 150 games, at step 2,000 of 15,000. Left out of the comparison.
-    write_run(tmp_path / "runs", "beta_3", [99.0] * 20, hyperparameters_text("BreakoutNoFrameskip-v4", "beta", 3))
+    write_comparison(tmp_path / "runs", finals)  # beta's unfinished third seed is left out of the comparison
     args = ("--runs-dir", "runs", "--out-dir", "out", "--compare", "alpha", "beta")
     result = run_tool("plot.py", "learning", *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
