@@ -21,33 +21,36 @@ def assert_saved_model_loads_identically(module, tmp_path):
     torch.testing.assert_close(outputs(loaded, obs), outputs(network, obs), rtol=0, atol=0)
 
 
-def assert_evaluation_warns_when_emulator_settings_differ(
-    module, evaluate_checkpoint, played, tmp_path, monkeypatch, capsys
-):
-    """--eval-checkpoint plays under the command's sticky-action probability and time limit. When
-    these are not the ones the model was trained with, its returns do not compare with the training
-    run's, and the evaluation says so on stderr. `evaluate_checkpoint(args)` runs the script's
-    evaluation path, `played` is what the stubbed `evaluate` returns (no game is played)."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(module, "evaluate", lambda *args, **kwargs: played)
-    trained = dict(repeat_action_probability=0.25, max_episode_steps=1000)
-    save_fresh_model(module, "model.cleanrl_model", module.Args(**trained))
-    evaluate_checkpoint(module.Args(eval_checkpoint="model.cleanrl_model", **trained))
-    assert "warning" not in capsys.readouterr().err
-    evaluate_checkpoint(module.Args(eval_checkpoint="model.cleanrl_model"))
-    stderr = capsys.readouterr().err
-    assert "warning: evaluating with --repeat-action-probability 0.0; the model was trained with 0.25" in stderr
-    assert "warning: evaluating with --max-episode-steps 27000; the model was trained with 1000" in stderr
+def assert_evaluation_warns_when_emulator_settings_differ(module, tmp_path):
+    """--eval-checkpoint plays under the command's sticky-action probability and time limit. When these
+    are not the ones the model was trained with, its returns do not compare with the training run's, and
+    the evaluation says so on stderr. One short game each time (an untrained model, games cut at 100 and
+    50 steps)."""
+    script = os.path.basename(module.__file__)
+    trained = ("--repeat-action-probability", "0.25", "--max-episode-steps", "100")
+    save_fresh_model(
+        module,
+        str(tmp_path / "model.cleanrl_model"),
+        module.Args(repeat_action_probability=0.25, max_episode_steps=100),
+    )
+    evaluation = ("--eval-checkpoint", "model.cleanrl_model", "--eval-episodes", "1")
+    same = run_script(script, *evaluation, *trained, cwd=tmp_path)
+    assert_evaluation_printed(same, 1)
+    assert "warning: evaluating" not in same.stderr
+    other = run_script(script, *evaluation, "--max-episode-steps", "50", cwd=tmp_path)
+    assert_evaluation_printed(other, 1)
+    assert "warning: evaluating with --repeat-action-probability 0.0; the model was trained with 0.25" in other.stderr
+    assert "warning: evaluating with --max-episode-steps 50; the model was trained with 100" in other.stderr
 
 
 def save_fresh_model(module, path: str, args):
     """An Atari script's save_model of an untrained network for Breakout's 4 actions; returns what
     it saved (the network, or the JAX script's parameters)."""
-    if hasattr(module, "init_params"):  # the JAX script saves parameters and the number of actions
+    if hasattr(module, "init_params"):  # the JAX script saves its agent bound to parameters
         import jax
 
         params = module.init_params(module.Agent(4), jax.random.key(0))
-        module.save_model(path, params, args, 4)
+        module.save_model(path, module.Agent(4).bind(params), args)
         return params
     network = module.QNetwork(4) if hasattr(module, "QNetwork") else module.Agent(4)
     module.save_model(path, network, args)

@@ -318,10 +318,8 @@ def test_save_then_evaluate_round_trip(tmp_path):
     )
 
 
-def test_evaluation_warns_when_emulator_settings_differ_from_training(tmp_path, monkeypatch, capsys):
-    assert_evaluation_warns_when_emulator_settings_differ(
-        dqn_atari, dqn_atari.main, [1.0], tmp_path, monkeypatch, capsys
-    )
+def test_evaluation_warns_when_emulator_settings_differ_from_training(tmp_path):
+    assert_evaluation_warns_when_emulator_settings_differ(dqn_atari, tmp_path)
 
 
 def test_loaded_model_equals_saved_model(tmp_path):

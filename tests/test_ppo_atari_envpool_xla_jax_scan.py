@@ -17,7 +17,11 @@ import numpy as np
 import optax
 import pytest
 from checkpoints import assert_run_resumes_where_its_checkpoint_left_it
-from evaluation import assert_corrupt_checkpoint_rejected, assert_tracked_evaluation_logs_under_the_models_env
+from evaluation import (
+    assert_corrupt_checkpoint_rejected,
+    assert_evaluation_warns_when_emulator_settings_differ,
+    assert_tracked_evaluation_logs_under_the_models_env,
+)
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 from references import assert_gae_matches_reference
@@ -347,20 +351,8 @@ def test_loaded_model_equals_saved_model(tmp_path):
     jax.tree.map(np.testing.assert_array_equal, loaded.variables, params)
 
 
-def test_evaluation_warns_when_emulator_settings_differ_from_training(tmp_path, monkeypatch, capsys):
-    # --eval-checkpoint plays under the command's sticky actions and time limit; when they are not the
-    # training run's, its returns do not compare, and it says so. The games themselves are stubbed out.
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(ppo_jax, "evaluate", lambda *args, **kwargs: [1.0])
-    trained = dict(repeat_action_probability=0.25, max_episode_steps=1000)
-    params = ppo_jax.init_params(ppo_jax.Agent(4), jax.random.key(0))
-    ppo_jax.save_model("model.cleanrl_model", ppo_jax.Agent(4).bind(params), ppo_jax.Args(**trained))
-    ppo_jax.main(ppo_jax.Args(eval_checkpoint="model.cleanrl_model", **trained))
-    assert "warning" not in capsys.readouterr().err
-    ppo_jax.main(ppo_jax.Args(eval_checkpoint="model.cleanrl_model"))
-    stderr = capsys.readouterr().err
-    assert "warning: evaluating with --repeat-action-probability 0.0; the model was trained with 0.25" in stderr
-    assert "warning: evaluating with --max-episode-steps 27000; the model was trained with 1000" in stderr
+def test_evaluation_warns_when_emulator_settings_differ_from_training(tmp_path):
+    assert_evaluation_warns_when_emulator_settings_differ(ppo_jax, tmp_path)
 
 
 def test_patch_convolution_equals_xla_convolution():

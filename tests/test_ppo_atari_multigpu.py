@@ -817,8 +817,8 @@ def test_bf16_on_a_cpu_without_bf16_kernels_warns(monkeypatch, capsys):
     assert_warns_when_bf16_is_slow(multigpu, monkeypatch, capsys)
 
 
-def test_evaluation_warns_when_emulator_settings_differ_from_training(one_process, tmp_path, monkeypatch, capsys):
-    assert_evaluation_warns_when_emulator_settings_differ(multigpu, multigpu.main, [1.0], tmp_path, monkeypatch, capsys)
+def test_evaluation_warns_when_emulator_settings_differ_from_training(tmp_path):
+    assert_evaluation_warns_when_emulator_settings_differ(multigpu, tmp_path)
 
 
 def test_resuming_from_a_saved_model_instead_of_a_checkpoint_is_a_one_line_error(tmp_path):
