@@ -2,9 +2,10 @@
 # The parameters sha256 of a fixed-seed short CPU run of each script (3 PPO iterations, or a few
 # thousand steps for the off-policy scripts), one thread, in a scratch folder: the same digest before
 # and after a change to a script means the change kept its numbers bit for bit. Compare digests of one
-# machine only: oneDNN picks its convolution kernels by the CPU's vector instructions, so the Atari
-# scripts' digests differ between an AVX2 EPYC, an AVX-512 EPYC and an AMX Xeon (the MLP scripts' do
-# not). `bash benchmark/param_digests.sh OLD_CHECKOUT` gives the old side on the same machine.
+# kind of CPU only: oneDNN picks its convolution kernels by the CPU's vector instructions, and the same
+# code gave the Atari scripts other digests on an AMD EPYC with AVX-512 BF16 than on an earlier
+# machine (the MLP scripts' digests matched). `bash benchmark/param_digests.sh OLD_CHECKOUT` gives the
+# old side on the same machine.
 #
 #     bash benchmark/param_digests.sh [REPO]    # REPO: the checkout whose scripts run (default: this one)
 set -uo pipefail
