@@ -6,22 +6,28 @@
 #
 #     bash requirements/compile.sh            # into requirements/
 #     bash requirements/compile.sh DIR        # into DIR (what the test does, then compares)
+#     UPGRADE=1 bash requirements/compile.sh  # move every pin to the newest release before the date
 #
 # Why uv and not pip-tools: `uv pip compile --universal` writes one file for every platform and Python
 # >= 3.11 (markers where a dependency differs), `--excludes` keeps torch's CUDA libraries out of the file
 # (a CPU machine then installs no multi-GB CUDA wheels), and it resolves this project in seconds, so
 # the test can regenerate the files on every run. pip-compile resolves for the running interpreter and
 # platform only and has no exclusion. `--exclude-newer` fixes the date of the resolution: the same
-# inputs give the same files until the date is moved on purpose.
+# inputs give the same files until the date is moved on purpose. The date alone is not enough: a mirror can
+# list a release later than its upload date (decorator 5.3.2, uploaded 2026-11-21, appeared after the
+# files were compiled at 2026-12-03 and failed CI), so each compile starts from the committed file and uv
+# keeps every pin that still satisfies the inputs (its preference for an existing output file); a pin
+# moves only when pyproject.toml or a constraint rules it out, or with UPGRADE=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-requirements}"
 mkdir -p "$out"
 EXCLUDE_NEWER=2026-12-03T00:00:00Z
 compile() {  # compile OUTPUT_FILE EXTRA_ARGUMENTS...
+  cp "requirements/$(basename "$1")" "$1.body"  # the committed pins: uv keeps those that still hold
   uv pip compile pyproject.toml --universal --python-version 3.11 --exclude-newer "$EXCLUDE_NEWER" \
     --constraints cloud/constraints.txt --constraints requirements/pins.txt --excludes requirements/torch-cuda.txt \
-    --no-header --quiet --output-file "$1.body" "${@:2}"
+    --no-header --quiet --output-file "$1.body" ${UPGRADE:+--upgrade} "${@:2}"
   { cat; cat "$1.body"; } > "$1"
   rm "$1.body"
 }
