@@ -24,7 +24,7 @@ with --save-model.
 """
 
 import argparse
-import importlib.util
+import importlib
 import json
 import os
 import sys
@@ -35,19 +35,13 @@ import numpy as np
 import torch
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(REPO_ROOT, "cleanrl", "ppo_atari.py")
-
-
-def fail(message: str):
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(1)
+sys.path.insert(0, REPO_ROOT)
+from benchmark.run import fail  # noqa: E402  (the tools' one-line user error)
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("ppo_atari_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """cleanrl/ppo_atari.py as a module, as benchmark/throughput.py loads the scripts."""
+    return importlib.import_module("cleanrl.ppo_atari")
 
 
 def discounted_returns(rewards: np.ndarray, ends: np.ndarray, bootstrap: float, gamma: float) -> np.ndarray:
