@@ -18,7 +18,10 @@ script) and seed from its hyperparameters text, else from its directory name
       over the seeds of each run's steady SPS (the median of its per-iteration SPS, computed from
       the steps and wall times of consecutive charts/SPS events, so start-up does not count);
       for a run resumed from checkpoints, also a row per part (event file): when it started, its
-      steps, those redone by the next part, its wall hours and its steady SPS;
+      steps, those redone by the next part, its wall hours and its steady SPS; with --every, each
+      run's mean return of its last --window games at every --every steps, and per --every steps
+      the mean of each training-health scalar it logged (learning rate or epsilon, entropy, approx
+      KL, clip fraction, explained variance, value loss, TD loss, Q-values) and its longest game;
   with 3 or more Atari games that every script ran: aggregate.png (human-normalized IQM, median and
       mean with 95% stratified-bootstrap confidence intervals, rliable) and
       performance_profile.png (the fraction of runs above each human-normalized score), and their
@@ -124,6 +127,18 @@ REFERENCE_SCORES = {
 # cut-off attempt logged past its checkpoint, as intended, but warns of "a TensorFlow restart" for
 # each tag. read_run says it in one line instead; the reader's other warnings (a truncated file) stay.
 logging.getLogger("tensorboard").addFilter(lambda record: "Purging expired events" not in record.getMessage())
+# The training-health scalars tabulated per interval (--every), as the scripts log them: {tag: column}.
+HEALTH_TAGS = {
+    "charts/learning_rate": "learning rate",
+    "charts/epsilon": "epsilon",
+    "losses/entropy": "entropy",
+    "losses/approx_kl": "approx KL",
+    "losses/clipfrac": "clip fraction",
+    "losses/explained_variance": "explained variance",
+    "losses/value_loss": "value loss",
+    "losses/td_loss": "TD loss",
+    "losses/q_values": "Q-values",
+}
 RUN_DIR_NAME = re.compile(r"^(?P<env_id>.+?)__(?P<exp_name>.+)__(?P<seed>-?\d+)__(?P<timestamp>\d+)$")
 
 
@@ -150,6 +165,8 @@ class Run:
     sps_steps: np.ndarray  # the steps and wall times of the charts/SPS events (one per iteration)
     sps_times: np.ndarray
     total_steps: float = math.nan  # the run's --total-timesteps, from its hyperparameters text (nan if none)
+    lengths: np.ndarray | None = None  # each game's length (charts/episodic_length), None if not logged
+    health: dict | None = None  # {tag: (steps, values)} of the HEALTH_TAGS the run logged
 
 
 def hyperparameters(accumulator: EventAccumulator) -> dict[str, str]:
@@ -205,6 +222,11 @@ def read_run(path: str) -> Run | None:
         )
     sps = accumulator.Scalars("charts/SPS") if "charts/SPS" in scalars else []
     total_steps = hyperparameters(accumulator).get("total_timesteps", "")
+    lengths = accumulator.Scalars("charts/episodic_length") if "charts/episodic_length" in scalars else []
+    health = {}
+    for tag in (tag for tag in HEALTH_TAGS if tag in scalars):
+        events = accumulator.Scalars(tag)
+        health[tag] = (np.array([e.step for e in events], dtype=np.float64), np.array([e.value for e in events]))
     return Run(
         path,
         *identity,
@@ -216,6 +238,8 @@ def read_run(path: str) -> Run | None:
         sps_steps=np.array([e.step for e in sps], dtype=np.float64),
         sps_times=np.array([e.wall_time for e in sps]),
         total_steps=float(total_steps) if re.fullmatch(r"\d+", total_steps) else math.nan,
+        lengths=np.array([e.value for e in lengths]) if len(lengths) == len(episodes) else None,
+        health=health,
     )
 
 
@@ -418,6 +442,33 @@ def milestones_table(runs: list[Run], window: int, every: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def health_table(runs: list[Run], every: int) -> str:
+    """Per script, each run's mean of every logged training-health scalar (HEALTH_TAGS) over each interval
+    of `every` steps, and the longest game that ended in it (a game at the time limit shows here)."""
+    sections = []
+    for (env_id, script), members in group(runs).items():
+        tags = [tag for tag in HEALTH_TAGS if any(tag in (run.health or {}) for run in members)]
+        with_lengths = any(run.lengths is not None for run in members)
+        if not tags and not with_lengths:
+            continue
+        columns = ["seed", "steps", *(HEALTH_TAGS[tag] for tag in tags)] + ["longest game"] * with_lengths
+        lines = [f"{env_id}, {script}:\n", "| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+        for run in members:
+            for start in range(0, int(last_step(run)), every):
+                cells = [str(run.seed), f"{start:,}-{start + every:,}"]
+                for tag in tags:
+                    steps, values = (run.health or {}).get(tag, (np.array([]), np.array([])))
+                    inside = values[(steps > start) & (steps <= start + every)]
+                    cells.append(f"{np.mean(inside):.3g}" if inside.size else "-")
+                if with_lengths:
+                    ended = (run.episode_steps > start) & (run.episode_steps <= start + every)
+                    longest = run.lengths[ended] if run.lengths is not None else np.array([])
+                    cells.append(f"{longest.max():,.0f}" if longest.size else "-")
+                lines.append("| " + " | ".join(cells) + " |")
+        sections.append("\n".join(lines) + "\n")
+    return "\n".join(sections)
+
+
 def comparison_table(runs: list[Run], window: int, base: str, other: str) -> str:
     """Per env id that both scripts ran: OTHER's final return minus BASE's, with the 95% confidence
     interval of Welch's t over the seeds (unequal variances; with a handful of seeds a bootstrap would
@@ -611,6 +662,8 @@ def learning(cli):
     report = "## Final return and speed\n\n" + results_table(runs, cli.window)
     if cli.every:
         report += f"\n## Along the way, every {cli.every:,} steps\n\n" + milestones_table(runs, cli.window, cli.every)
+        if health := health_table(runs, cli.every):
+            report += f"\n## Training health, mean over every {cli.every:,} steps\n\n" + health
     if parts := parts_table(runs):
         report += "\n## Parts of resumed runs\n\n" + parts
     if cli.compare:
@@ -832,7 +885,8 @@ def main():
         type=int,
         default=0,
         metavar="STEPS",
-        help="also tabulate each run's last-window mean at every STEPS steps (default: off)",
+        help="also tabulate each run's last-window mean at every STEPS steps, and its training-health means and "
+        "longest game over each STEPS steps (default: off)",
     )
     runs.add_argument(
         "--compare",

@@ -611,3 +611,23 @@ def test_compare_leaves_out_an_env_without_two_seeds_of_each_script_with_a_warni
     assert "needs 2 or more seeds of both alpha and gamma" in result.stderr
     report = (tmp_path / "out" / "results.md").read_text()
     assert "## gamma against alpha" in report and "| BreakoutNoFrameskip-v4 | 17.00" not in report
+
+
+def test_the_health_table_gives_each_scalars_mean_and_the_longest_game_over_every_interval(tmp_path):
+    # An iteration every 1,000 steps logs lr = step and entropy = 2 * step; a game ends every 500 steps
+    # with length step / 100, so each 5,000-step interval's longest game is its last.
+    writer = SummaryWriter(str(tmp_path / "runs" / "BreakoutNoFrameskip-v4__alpha__1__1700000000"))
+    writer.add_text("hyperparameters", hyperparameters_text("BreakoutNoFrameskip-v4", "alpha", 1))
+    for step in range(500, 10_001, 500):
+        writer.add_scalar("charts/episodic_return", 1.0, step)
+        writer.add_scalar("charts/episodic_length", step / 100, step)
+        if step % 1000 == 0:
+            writer.add_scalar("charts/learning_rate", step, step)
+            writer.add_scalar("losses/entropy", 2 * step, step)
+    writer.close()
+    result = run_tool("plot.py", "learning", "--runs-dir", "runs", "--out-dir", "out", "--every", "5000", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = (tmp_path / "out" / "results.md").read_text()
+    assert "| seed | steps | learning rate | entropy | longest game |" in report
+    assert "| 1 | 0-5,000 | 3e+03 | 6e+03 | 50 |" in report  # the means of 1,000 .. 5,000 and of twice those
+    assert "| 1 | 5,000-10,000 | 8e+03 | 1.6e+04 | 100 |" in report
