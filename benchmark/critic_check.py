@@ -14,6 +14,9 @@ on long games and the value targets. This tool plays new games with the policy o
             it waits (median, 95th percentile, longest). A policy that never fires again stalls until
             the time limit
   actions - how often the agent chose each action, by the game's names for them
+  cut     - each game the time limit cut: its score, the lives it lost before the cut, and the steps
+            since its last point (a long scoreless tail with lives left is a ball the agent keeps in
+            play without hitting anything; a tail that starts at a lost life is a serve it never makes)
 
 It uses the script's own `make_envs` and `Agent` (imported from its file) with the emulator settings of
 the checkpoint's run. A checkpoint is a training checkpoint (runs/*/checkpoints/*.pt) or a model saved
@@ -63,15 +66,19 @@ def explained_variance(values: np.ndarray, returns: np.ndarray) -> float:
 
 def play(module, agent, env_id: str, games: int, saved_args: dict, seed: int, names: list[str], device) -> dict:
     """Plays `games` whole games, a fixed quota per env (keeping the first games to finish would favour
-    short ones); returns, per game: score, length, truncated, the values, the returns and the waits."""
+    short ones); returns, per game: score, length, truncated, the values, the returns, the waits, the lives
+    lost before the game ended and the steps since its last point."""
     num_envs = min(8, games)
     quota = [games // num_envs + (i < games % num_envs) for i in range(num_envs)]
     max_steps = saved_args.get("max_episode_steps", 27_000)
     envs = module.make_envs(env_id, num_envs, saved_args.get("repeat_action_probability", 0.0), max_steps)
     gamma = saved_args.get("gamma", 0.99)
     fire = names.index("FIRE") if "FIRE" in names else None  # a game without FIRE has no waits
+
     # One record per env for the game it is playing.
-    new_record = lambda: {"values": [], "rewards": [], "ends": [], "score": 0.0, "waits": [], "lost_at": None}  # noqa: E731
+    def new_record():
+        return {"values": [], "rewards": [], "ends": [], "score": 0.0, "waits": [], "lost_at": None, "lives_lost": 0}
+
     records = [new_record() for _ in range(num_envs)]
     finished = [[] for _ in range(num_envs)]
     action_counts = np.zeros(int(envs.single_action_space.n), dtype=np.int64)
@@ -99,6 +106,9 @@ def play(module, agent, env_id: str, games: int, saved_args: dict, seed: int, na
             record["rewards"].append(np.sign(reward[i]))
             record["ends"].append(bool(terminated[i] or life_lost[i]))
             record["score"] += float(reward[i])
+            if reward[i] != 0:
+                record["last_point"] = step
+            record["lives_lost"] += int(life_lost[i] and not game_over[i])
             if life_lost[i] and not game_over[i]:
                 record["lost_at"] = step + 1  # the first step the agent can serve again
             if game_over[i]:
@@ -116,6 +126,8 @@ def play(module, agent, env_id: str, games: int, saved_args: dict, seed: int, na
                         "values": np.array(record["values"], dtype=np.float64),
                         "returns": discounted_returns(rewards, ends, bootstrap, gamma),
                         "waits": record["waits"],
+                        "lives_lost": record["lives_lost"],
+                        "steps_since_point": len(rewards) - 1 - record.get("last_point", -1),
                     }
                 )
                 records[i] = new_record()
@@ -165,6 +177,11 @@ def summarize(played: dict, names: list[str], max_steps: int) -> dict:
             "longest": int(waits.max()) if len(waits) else None,
         },
         "actions": {name: float(n / counts.sum()) for name, n in zip(names, counts)},
+        "cut": [
+            {"score": g["score"], "lives_lost": g["lives_lost"], "steps_since_point": g["steps_since_point"]}
+            for g in games
+            if g["truncated"]
+        ],
     }
 
 
@@ -187,6 +204,11 @@ def report(summary: dict, checkpoint: str, step) -> str:
     else:
         lines.append("waits: no lost life was served again within the games")
     lines.append("actions: " + ", ".join(f"{name} {share:.1%}" for name, share in summary["actions"].items()))
+    for game in summary["cut"]:
+        lines.append(
+            f"cut at the time limit: score {game['score']:.0f}, {game['lives_lost']} lives lost before the cut, "
+            f"{game['steps_since_point']:,} steps since its last point"
+        )
     return "\n".join(lines)
 
 
@@ -209,6 +231,7 @@ def main():
         fail(f"{options.checkpoint!r} is not a readable ppo_atari.py checkpoint or model ({type(e).__name__})")
 
     torch.set_num_threads(1)
+    torch.manual_seed(options.seed)  # the sampled actions: the same games every time
     module = load_script()
     device = torch.device("cpu")
     agent = module.Agent(int(state["actor.weight"].shape[0])).to(memory_format=torch.channels_last)

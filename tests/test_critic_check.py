@@ -45,8 +45,26 @@ def test_plays_an_untrained_model_and_reports_games_critic_waits_and_actions(tmp
         summary["games"]["length_median"] == 150
     )
     assert 0 < summary["critic"]["steps"] <= 300
+    # Each game the limit cut is listed: its lives lost, and its steps since the last point (all 150 of
+    # them in a game without a point).
+    assert len(summary["cut"]) == summary["games"]["at_time_limit"]
+    for game in summary["cut"]:
+        assert 0 <= game["lives_lost"] <= 4 and 0 <= game["steps_since_point"] <= 150
+        assert game["score"] > 0 or game["steps_since_point"] == 150
+        assert f"score {game['score']:.0f}, {game['lives_lost']} lives lost" in result.stdout
     assert set(summary["actions"]) == {"NOOP", "FIRE", "RIGHT", "LEFT"}
     assert sum(summary["actions"].values()) == pytest.approx(1.0)
+
+
+def test_a_game_cut_before_its_first_point_is_listed_with_every_step_since_its_last_point(tmp_path):
+    # 20 agent steps hold the serve and the ball's first flight: no brick is hit, no life is lost.
+    module = load_script()
+    save_fresh_model(module, str(tmp_path / "model.pt"), module.Args(env_id="BreakoutNoFrameskip-v4"))
+    result = run_tool(
+        "critic_check.py", str(tmp_path / "model.pt"), "--games", "1", "--max-episode-steps", "20", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert "cut at the time limit: score 0, 0 lives lost before the cut, 20 steps since its last point" in result.stdout
 
 
 def test_a_missing_or_foreign_checkpoint_is_a_one_line_error(tmp_path):
