@@ -77,7 +77,16 @@ def play(module, agent, env_id: str, games: int, saved_args: dict, seed: int, na
 
     # One record per env for the game it is playing.
     def new_record():
-        return {"values": [], "rewards": [], "ends": [], "score": 0.0, "waits": [], "lost_at": None, "lives_lost": 0}
+        return {
+            "values": [],
+            "rewards": [],
+            "ends": [],
+            "score": 0.0,
+            "waits": [],
+            "lost_at": None,
+            "lives_lost": 0,
+            "last_point": -1,
+        }
 
     records = [new_record() for _ in range(num_envs)]
     finished = [[] for _ in range(num_envs)]
@@ -108,8 +117,8 @@ def play(module, agent, env_id: str, games: int, saved_args: dict, seed: int, na
             record["score"] += float(reward[i])
             if reward[i] != 0:
                 record["last_point"] = step
-            record["lives_lost"] += int(life_lost[i] and not game_over[i])
             if life_lost[i] and not game_over[i]:
+                record["lives_lost"] += 1
                 record["lost_at"] = step + 1  # the first step the agent can serve again
             if game_over[i]:
                 bootstrap = 0.0
@@ -127,7 +136,7 @@ def play(module, agent, env_id: str, games: int, saved_args: dict, seed: int, na
                         "returns": discounted_returns(rewards, ends, bootstrap, gamma),
                         "waits": record["waits"],
                         "lives_lost": record["lives_lost"],
-                        "steps_since_point": len(rewards) - 1 - record.get("last_point", -1),
+                        "steps_since_point": len(rewards) - 1 - record["last_point"],
                     }
                 )
                 records[i] = new_record()

@@ -49,7 +49,7 @@ import re
 import sys
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import matplotlib
 
@@ -166,7 +166,7 @@ class Run:
     sps_times: np.ndarray
     total_steps: float = math.nan  # the run's --total-timesteps, from its hyperparameters text (nan if none)
     lengths: np.ndarray | None = None  # each game's length (charts/episodic_length), None if not logged
-    health: dict | None = None  # {tag: (steps, values)} of the HEALTH_TAGS the run logged
+    health: dict = field(default_factory=dict)  # {tag: (steps, values)} of the HEALTH_TAGS the run logged
 
 
 def hyperparameters(accumulator: EventAccumulator) -> dict[str, str]:
@@ -447,7 +447,7 @@ def health_table(runs: list[Run], every: int) -> str:
     of `every` steps, and the longest game that ended in it (a game at the time limit shows here)."""
     sections = []
     for (env_id, script), members in group(runs).items():
-        tags = [tag for tag in HEALTH_TAGS if any(tag in (run.health or {}) for run in members)]
+        tags = [tag for tag in HEALTH_TAGS if any(tag in run.health for run in members)]
         with_lengths = any(run.lengths is not None for run in members)
         if not tags and not with_lengths:
             continue
@@ -457,7 +457,7 @@ def health_table(runs: list[Run], every: int) -> str:
             for start in range(0, int(last_step(run)), every):
                 cells = [str(run.seed), f"{start:,}-{start + every:,}"]
                 for tag in tags:
-                    steps, values = (run.health or {}).get(tag, (np.array([]), np.array([])))
+                    steps, values = run.health.get(tag, (np.array([]), np.array([])))
                     inside = values[(steps > start) & (steps <= start + every)]
                     cells.append(f"{np.mean(inside):.3g}" if inside.size else "-")
                 if with_lengths:

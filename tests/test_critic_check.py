@@ -21,12 +21,18 @@ def test_returns_end_at_a_lost_life_and_bootstrap_a_time_limit():
     np.testing.assert_allclose(discounted_returns(np.array([1.0, 1.0]), np.array([0.0, 1.0]), 5.0, 0.5), [1.5, 1.0])
 
 
-def test_plays_an_untrained_model_and_reports_games_critic_waits_and_actions(tmp_path):
+@pytest.fixture
+def untrained_model(tmp_path) -> str:
+    """A freshly initialized ppo_atari.py Breakout model, saved as --save-model saves one."""
     module = load_script()
     save_fresh_model(module, str(tmp_path / "model.pt"), module.Args(env_id="BreakoutNoFrameskip-v4"))
+    return str(tmp_path / "model.pt")
+
+
+def test_plays_an_untrained_model_and_reports_games_critic_waits_and_actions(tmp_path, untrained_model):
     result = run_tool(
         "critic_check.py",
-        str(tmp_path / "model.pt"),
+        untrained_model,
         "--games",
         "2",
         "--max-episode-steps",
@@ -56,13 +62,9 @@ def test_plays_an_untrained_model_and_reports_games_critic_waits_and_actions(tmp
     assert sum(summary["actions"].values()) == pytest.approx(1.0)
 
 
-def test_a_game_cut_before_its_first_point_is_listed_with_every_step_since_its_last_point(tmp_path):
+def test_a_game_cut_before_its_first_point_is_listed_with_every_step_since_its_last_point(tmp_path, untrained_model):
     # 20 agent steps hold the serve and the ball's first flight: no brick is hit, no life is lost.
-    module = load_script()
-    save_fresh_model(module, str(tmp_path / "model.pt"), module.Args(env_id="BreakoutNoFrameskip-v4"))
-    result = run_tool(
-        "critic_check.py", str(tmp_path / "model.pt"), "--games", "1", "--max-episode-steps", "20", cwd=tmp_path
-    )
+    result = run_tool("critic_check.py", untrained_model, "--games", "1", "--max-episode-steps", "20", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "cut at the time limit: score 0, 0 lives lost before the cut, 20 steps since its last point" in result.stdout
 
