@@ -19,17 +19,24 @@ oneDNN picks and compiles its kernels there) is left out, the table shows the me
 `--ops` adds torch.profiler's table of the operators by self time over the measured iterations (casts,
 layout reorders, each convolution's forward and backward); `--onednn` runs the script with
 ONEDNN_VERBOSE=1 and sums oneDNN's primitives by implementation: on a CPU with AMX, `brg_conv_*:..._amx`
-shows a convolution on AMX tiles, anything else one that is not. CPU only (GPU work is asynchronous).
+shows a convolution on AMX tiles, anything else one that is not. `--ceiling` sets the network phases
+against this CPU's peak: their FLOPs per iteration (torch's FlopCounterMode on the script's own Agent, times
+the samples each phase ran), the rate each ran at, and the rate of a 2048 x 2048 matmul in the same precision
+and thread count; then the fastest iteration that peak allows, the rest of the iteration as measured. CPU
+only (GPU work is asynchronous).
 
     python benchmark/iteration_profile.py                                   # ppo_atari.py, fp32 and bf16
     python benchmark/iteration_profile.py --precisions bf16 --ops --script cleanrl/ppo_atari_envpool.py
     python benchmark/iteration_profile.py --onednn --iterations 2 -- --num-envs 8
+    python benchmark/iteration_profile.py --ceiling                         # how far bf16 can go on this CPU
 """
 
 import argparse
 import collections
+import copy
 import functools
 import importlib.util
+import inspect
 import json
 import os
 import platform
@@ -54,6 +61,8 @@ PHASES = (
     "optimizer",
     "logging",
 )
+NETWORK_PHASES = ("rollout forwards", "update forwards", "backward")  # the ones --ceiling sets against the peak
+PEAK_SIZE = 2048  # the square matmul that stands for this CPU's peak rate
 
 
 def precision_name(precision: str) -> str:
@@ -63,7 +72,9 @@ def precision_name(precision: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # The child: one run of the script, timed from outside
 # ---------------------------------------------------------------------------------------------
-def profile_run(script: str, precision: str, iterations: int, extra: list[str], with_ops: bool) -> dict:
+def profile_run(
+    script: str, precision: str, iterations: int, extra: list[str], with_ops: bool, with_flops: bool
+) -> dict:
     import torch
     import tyro
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -101,9 +112,23 @@ def profile_run(script: str, precision: str, iterations: int, extra: list[str], 
         envs.step = timed("env step", envs.step)
         return envs
 
+    # The forwards also count their samples, by phase and method, and keep the agent and an observation's
+    # shape: --ceiling's FLOP count is FLOPs per sample (counted after the run) times samples.
+    samples = collections.Counter()
+    seen = {}
+
+    def counted(method):
+        @functools.wraps(method)
+        def wrapper(agent, obs, *a, **kw):
+            samples[f"{forward_phase()}/{method.__name__}"] += len(obs)
+            seen.update(agent=agent, obs_shape=tuple(obs.shape[1:]), obs_dtype=obs.dtype)
+            return method(agent, obs, *a, **kw)
+
+        return wrapper
+
     module.make_envs = make_timed_envs
-    module.Agent.get_action_and_value = timed(forward_phase, module.Agent.get_action_and_value)
-    module.Agent.get_value = timed(forward_phase, module.Agent.get_value)
+    module.Agent.get_action_and_value = counted(timed(forward_phase, module.Agent.get_action_and_value))
+    module.Agent.get_value = counted(timed(forward_phase, module.Agent.get_value))
     module.compute_gae = timed("GAE", module.compute_gae)
     module.ppo_loss = timed("loss", module.ppo_loss)
     torch.Tensor.backward = timed("backward", torch.Tensor.backward)
@@ -116,13 +141,13 @@ def profile_run(script: str, precision: str, iterations: int, extra: list[str], 
     )
 
     # The iteration boundaries: the script calls Progress.show once at the end of every iteration.
-    boundaries = []  # (wall time, phase seconds so far)
+    boundaries = []  # (wall time, phase seconds so far, forward samples so far)
     profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if with_ops else None
     show = module.Progress.show
 
     def show_and_mark(self, *a, **kw):
         show(self, *a, **kw)
-        boundaries.append((time.perf_counter(), dict(seconds)))
+        boundaries.append((time.perf_counter(), dict(seconds), dict(samples)))
         if profiler is not None and len(boundaries) == 1:
             profiler.start()  # from the end of the warm-up iteration on
 
@@ -133,7 +158,7 @@ def profile_run(script: str, precision: str, iterations: int, extra: list[str], 
     if profiler is not None:
         profiler.stop()
 
-    (first_wall, first), (last_wall, last) = boundaries[0], boundaries[-1]
+    (first_wall, first, first_samples), (last_wall, last, last_samples) = boundaries[0], boundaries[-1]
     measured = len(boundaries) - 1
     phases = {phase: (last.get(phase, 0.0) - first.get(phase, 0.0)) / measured for phase in PHASES}
     result = dict(
@@ -148,7 +173,39 @@ def profile_run(script: str, precision: str, iterations: int, extra: list[str], 
     if profiler is not None:
         events = sorted(profiler.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
         result["ops"] = [(e.key, e.count / measured, e.self_cpu_time_total / 1e3 / measured) for e in events[:25]]
+    if with_flops:
+        per_sample = flops_per_sample(seen["agent"], seen["obs_shape"], seen["obs_dtype"])
+        flops = collections.Counter()
+        for key, count in last_samples.items():
+            phase, method = key.split("/")
+            flops[phase] += (count - first_samples.get(key, 0)) / measured * per_sample[method]
+            if phase == "update forwards":  # every update forward has its backward
+                flops["backward"] += (count - first_samples.get(key, 0)) / measured * per_sample["backward"]
+        result["flops"] = {phase: flops[phase] for phase in NETWORK_PHASES}
     return result
+
+
+def flops_per_sample(agent, obs_shape: tuple, obs_dtype) -> dict[str, float]:
+    """FLOPs of one sample through each forward method of the agent, and through the update's backward
+    (a loss of all three outputs, as the PPO loss has), counted by torch's FlopCounterMode in fp32 outside
+    autocast: precision does not change the count. On a copy of the agent: its gradients stay as they were."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    agent = copy.deepcopy(agent)
+    batch = 8
+    obs = torch.zeros((batch, *obs_shape), dtype=obs_dtype)
+    method = {name: inspect.unwrap(getattr(type(agent), name)) for name in ("get_action_and_value", "get_value")}
+    counts = {}
+    for name, forward in method.items():
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            forward(agent, obs)
+        counts[name] = counter.get_total_flops() / batch
+    with FlopCounterMode(display=False) as counter:
+        _, logprob, entropy, value = method["get_action_and_value"](agent, obs)
+        (logprob.sum() + entropy.sum() + value.sum()).backward()
+    counts["backward"] = counter.get_total_flops() / batch - counts["get_action_and_value"]
+    return counts
 
 
 # ---------------------------------------------------------------------------------------------
@@ -184,6 +241,7 @@ def run_child(options, precision: str) -> dict:
     command = [sys.executable, os.path.abspath(__file__), "--child-out", out_path, "--precisions", precision]
     command += ["--script", options.script, "--iterations", str(options.iterations)]
     command += ["--ops"] if options.ops else []
+    command += ["--ceiling"] if options.ceiling else []
     command += ["--", *options.script_args]
     env = dict(os.environ, ONEDNN_VERBOSE="1") if options.onednn else None
     result = subprocess.run(command, capture_output=True, text=True, env=env)
@@ -231,6 +289,61 @@ def print_tables(profiles: list[dict]):
                 print(f"| {kind} | `{implementation}` | {propagation} | {calls:.0f} | {ms:.1f} |")
 
 
+# ---------------------------------------------------------------------------------------------
+# The ceiling: the network phases against this CPU's peak rate
+# ---------------------------------------------------------------------------------------------
+def peak_rate(precision: str, threads: int) -> float:
+    """FLOP/s of a PEAK_SIZE x PEAK_SIZE matmul in the precision (bf16 tensors for bf16: what autocast
+    runs), the best of 5 after 2 of warm-up, with the thread count the runs had."""
+    import torch
+
+    torch.set_num_threads(threads)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a, b = torch.randn(PEAK_SIZE, PEAK_SIZE, dtype=dtype), torch.randn(PEAK_SIZE, PEAK_SIZE, dtype=dtype)
+    times = []
+    for _ in range(7):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * PEAK_SIZE**3 / min(times[2:])
+
+
+def print_ceiling(profiles: list[dict], peaks: dict[str, float]):
+    names = [precision_name(p["precision"]) for p in profiles]
+    print(
+        f"\nThe network phases against this CPU's peak: GFLOP per iteration (FlopCounterMode), the rate each "
+        f"phase ran at, and its share of the peak ({PEAK_SIZE} x {PEAK_SIZE} matmul, same precision and threads)\n"
+    )
+    print("| phase | GFLOP | " + " | ".join(f"{name} GFLOP/s | {name} of peak" for name in names) + " |")
+    print("|-|-|" + "-|-|" * len(profiles))
+    for phase in NETWORK_PHASES:
+        cells = []
+        for p in profiles:
+            rate = p["flops"][phase] / p["phases"][phase]
+            cells.append(f"{rate / 1e9:.0f} | {100 * rate / peaks[p['precision']]:.0f}%")
+        print(f"| {phase} | {profiles[0]['flops'][phase] / 1e9:.1f} | {' | '.join(cells)} |")
+    print("| matmul peak | | " + " | ".join(f"{peaks[p['precision']] / 1e9:.0f} | 100%" for p in profiles) + " |")
+
+    # The fastest iteration the peak allows: the network phases at the peak, everything else as measured.
+    floors = {}
+    for name, p in zip(names, profiles):
+        network = sum(p["phases"][phase] for phase in NETWORK_PHASES)
+        at_peak = sum(p["flops"].values()) / peaks[p["precision"]]
+        rest = p["wall"] - network
+        floors[name] = rest + at_peak
+        print(
+            f"\n{name}: the network phases take {network * 1e3:.0f} ms an iteration, {at_peak * 1e3:.0f} ms at the "
+            f"peak; the rest {rest * 1e3:.0f} ms: at least {floors[name] * 1e3:.0f} ms an iteration "
+            f"({p['batch'] / floors[name]:.0f} SPS at most)"
+        )
+    if names == ["fp32", "bf16"]:
+        print(
+            f"bf16 at the peak: at most {profiles[0]['wall'] / floors['bf16']:.2f}x the measured fp32 iteration "
+            f"(now {profiles[0]['wall'] / profiles[1]['wall']:.2f}x); both at the peak: "
+            f"{floors['fp32'] / floors['bf16']:.2f}x"
+        )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--script", default=os.path.join(REPO_ROOT, "cleanrl", "ppo_atari.py"))
@@ -238,6 +351,7 @@ def main():
     parser.add_argument("--iterations", type=int, default=4, help="measured iterations (after one of warm-up)")
     parser.add_argument("--ops", action="store_true", help="also torch.profiler's operators by self time")
     parser.add_argument("--onednn", action="store_true", help="also oneDNN's primitives by implementation")
+    parser.add_argument("--ceiling", action="store_true", help="also the network phases against this CPU's peak")
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
     parser.add_argument("script_args", nargs="*", help="arguments for the script, after --")
     options = parser.parse_args()
@@ -251,7 +365,7 @@ def main():
 
     if options.child_out:  # a fresh process: one precision
         profile = profile_run(
-            options.script, options.precisions[0], options.iterations, options.script_args, options.ops
+            options.script, options.precisions[0], options.iterations, options.script_args, options.ops, options.ceiling
         )
         with open(options.child_out, "w") as f:
             json.dump(profile, f)
@@ -269,6 +383,8 @@ def main():
             flush=True,
         )
     print_tables(profiles)
+    if options.ceiling:
+        print_ceiling(profiles, {p["precision"]: peak_rate(p["precision"], p["threads"]) for p in profiles})
 
 
 if __name__ == "__main__":
