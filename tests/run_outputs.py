@@ -53,6 +53,37 @@ def assert_warns_when_bf16_is_slow(module, monkeypatch, capsys):
         assert capsys.readouterr().err == ""
 
 
+def assert_freed_memory_is_kept(module):
+    """After the script's keep_freed_memory(), a large block freed and allocated again reuses its pages:
+    no page faults, where glibc's default maps a fresh block, or trims a freed one off the heap's top, and
+    faults in each of its pages again. In a fresh process (the setting is the process's), with malloc
+    itself, so that nothing else is allocated between; the last of four 64 MiB blocks, the heap warm."""
+    code = f"""
+import ctypes, importlib.util, resource, sys
+spec = importlib.util.spec_from_file_location("script", {module.__file__!r})
+script = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(script)
+if sys.argv[1] == "kept":
+    script.keep_freed_memory()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+size, faults = 64 * 2**20, []
+for _ in range(4):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    block = ctypes.c_void_p(libc.malloc(size))
+    ctypes.memset(block, 1, size)
+    libc.free(block)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(faults[-1])
+"""
+    faults = {}
+    for setting in ("default", "kept"):
+        result = subprocess.run([sys.executable, "-c", code, setting], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        faults[setting] = int(result.stdout.split()[-1])
+    assert faults["default"] > 0 and faults["kept"] <= faults["default"] / 100, faults
+
+
 def assert_short_atari_run_logged(run_dir: str, batch_size: int, iterations: int = 4):
     """A short Breakout run of an Atari script logged every tag at the end of every iteration,
     annealed the learning rate from 2.5e-4, and logged whole games, each at a step of its own."""

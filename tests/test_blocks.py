@@ -28,6 +28,7 @@ BLOCKS = {
     "Progress": ALL,
     "finish_logging": [*SMALL_SCRIPTS, "dqn.py"],
     "warn_if_bf16_is_slow": ATARI_PPO,
+    "keep_freed_memory": ATARI_PPO,
     "capped_cubic": ATARI,
     "VideoRecorder": ATARI_TORCH,
     "save_model": [*ATARI, "dqn.py"],

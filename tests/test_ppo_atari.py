@@ -17,6 +17,7 @@ from evaluation import (
 from fake_envs import assert_rollout_dones_and_rewards, recording_make_envs
 from references import assert_gae_matches_reference, assert_ppo_loss_matches_reference
 from run_outputs import (
+    assert_freed_memory_is_kept,
     assert_progress_follows_the_convention,
     assert_progress_line_per_iteration,
     assert_short_atari_run_logged,
@@ -164,6 +165,10 @@ def test_bf16_training_run_gives_finite_losses(tmp_path):
 
 def test_bf16_on_a_cpu_without_bf16_kernels_warns(monkeypatch, capsys):
     assert_warns_when_bf16_is_slow(ppo_atari, monkeypatch, capsys)
+
+
+def test_freed_memory_is_kept_for_reuse():
+    assert_freed_memory_is_kept(ppo_atari)
 
 
 def test_save_then_evaluate_round_trip(tmp_path):

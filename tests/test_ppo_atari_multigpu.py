@@ -22,7 +22,13 @@ from checkpoints import assert_run_resumes_where_its_checkpoint_left_it
 from evaluation import assert_evaluation_warns_when_emulator_settings_differ
 from fake_envs import assert_rollout_dones_and_rewards
 from references import assert_ppo_loss_matches_reference
-from run_outputs import PPO_TAGS, assert_warns_when_bf16_is_slow, capped_cubic_games, mp4_frames
+from run_outputs import (
+    PPO_TAGS,
+    assert_freed_memory_is_kept,
+    assert_warns_when_bf16_is_slow,
+    capped_cubic_games,
+    mp4_frames,
+)
 from running import (
     REPO_ROOT,
     assert_main_fails_with,
@@ -815,6 +821,10 @@ def test_nccl_without_gpu_is_a_one_line_error(tmp_path):
 
 def test_bf16_on_a_cpu_without_bf16_kernels_warns(monkeypatch, capsys):
     assert_warns_when_bf16_is_slow(multigpu, monkeypatch, capsys)
+
+
+def test_freed_memory_is_kept_for_reuse():
+    assert_freed_memory_is_kept(multigpu)
 
 
 def test_evaluation_warns_when_emulator_settings_differ_from_training(tmp_path):
