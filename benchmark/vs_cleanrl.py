@@ -5,11 +5,18 @@ CleanRL is not vendored here: point --cleanrl-dir at a checkout of it
 (`git clone https://github.com/vwxyzjn/cleanrl`). Its scripts run unchanged but for what this stack
 needs, done from outside the file by `run-cleanrl` (below): gymnasium 1.x's vector envs are given
 gymnasium 0.29's autoreset and info layout (`final_observation`, `final_info` as a list), which
-CleanRL's loops read. Their replay buffer (`cleanrl_utils/buffers.py`, Stable-Baselines3's) is imported
-from the checkout.
+CleanRL's loops read, unless the script names an autoreset mode (then it was written for 1.x);
+0.29's wrapper names (`GrayScaleObservation`, `FrameStack`, `TransformObservation` without a space)
+stand for 1.x's wrappers; ale-py registers the Atari ids. Their replay buffer (`cleanrl_utils/buffers.py`,
+Stable-Baselines3's) is imported from the checkout; the Atari wrappers come from Stable-Baselines3
+(`pip install stable-baselines3`).
+
+Pairs: dqn (CartPole), sac (HalfCheetah), ppo_atari (Breakout, fp32; ppo_atari_bf16 runs ours in bf16
+against CleanRL's fp32), ppo_continuous_action (HalfCheetah).
 
     python benchmark/vs_cleanrl.py --cleanrl-dir ~/cleanrl                 # every pair, 2 rounds
     python benchmark/vs_cleanrl.py --cleanrl-dir ~/cleanrl --pairs sac --parallel
+    python benchmark/vs_cleanrl.py --cleanrl-dir ~/cleanrl --pairs ppo_atari ppo_atari_bf16 ppo_continuous_action
     python benchmark/vs_cleanrl.py run-cleanrl ~/cleanrl/cleanrl/dqn.py --total-timesteps 1000
 
 Steady SPS: env steps per second between the run's first `charts/SPS` event past `measure_from` and
@@ -43,12 +50,25 @@ class Pair:
     script: str  # the same file name in cleanrl/ here and in CleanRL's checkout
     args: list[str]  # the task and a budget, the same for both
     measure_from: int  # steady SPS from the first SPS event at or after this step
+    ours_only: tuple[str, ...] = ()  # arguments for our script alone (a precision CleanRL's has not)
 
 
 PAIRS = {
     # 10,000 random steps, then learning with epsilon at its floor from step 20,000 (half the budget)
     "dqn": Pair("dqn", ["--env-id", "CartPole-v1", "--total-timesteps", "60000"], 25_000),
     "sac": Pair("sac_continuous_action", ["--env-id", "HalfCheetah-v5", "--total-timesteps", "9000"], 5_500),
+    # 12 iterations of 8 envs x 128 steps; the first two (start-up, oneDNN's first calls) left out
+    "ppo_atari": Pair("ppo_atari", ["--env-id", "BreakoutNoFrameskip-v4", "--total-timesteps", "12288"], 3_072),
+    "ppo_atari_bf16": Pair(
+        "ppo_atari",
+        ["--env-id", "BreakoutNoFrameskip-v4", "--total-timesteps", "12288"],
+        3_072,
+        ("--mixed-precision", "bf16"),
+    ),
+    # 10 iterations of 2048 steps, the first left out
+    "ppo_continuous_action": Pair(
+        "ppo_continuous_action", ["--env-id", "HalfCheetah-v5", "--total-timesteps", "20480"], 4_096
+    ),
 }
 
 
@@ -62,14 +82,17 @@ def run_cleanrl(script: str, argv: list[str]):
     class SyncVectorEnv029(gym.vector.SyncVectorEnv):
         """gymnasium 1.x's SyncVectorEnv with 0.29's behaviour: an ended episode resets in the same step,
         its last observation in infos["final_observation"], its info (RecordEpisodeStatistics' "episode"
-        included) in infos["final_info"], an array holding one dict per env (None where it goes on)."""
+        included) in infos["final_info"], an array holding one dict per env (None where it goes on).
+        A script already ported to 1.x names its autoreset mode and reads 1.x's layout: it gets 1.x's."""
 
         def __init__(self, env_fns, **kwargs):
-            super().__init__(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, **kwargs)
+            self.layout_029 = "autoreset_mode" not in kwargs
+            kwargs.setdefault("autoreset_mode", gym.vector.AutoresetMode.SAME_STEP)
+            super().__init__(env_fns, **kwargs)
 
         def step(self, actions):
             obs, rewards, terminations, truncations, infos = super().step(actions)
-            if "final_obs" in infos:
+            if self.layout_029 and "final_obs" in infos:
                 ended = infos.pop("_final_obs")
                 infos["final_observation"], infos["_final_observation"] = infos.pop("final_obs"), ended
                 batched, _ = infos.pop("final_info"), infos.pop("_final_info", None)
@@ -77,7 +100,22 @@ def run_cleanrl(script: str, argv: list[str]):
                 infos["final_info"], infos["_final_info"] = np.array(per_env, dtype=object), ended
             return obs, rewards, terminations, truncations, infos
 
+    class TransformObservation029(gym.wrappers.TransformObservation):
+        """0.29's TransformObservation: the observation space may be left out (1.x asks for it)."""
+
+        def __init__(self, env, func, observation_space=None):
+            super().__init__(env, func, observation_space)
+
     gym.vector.SyncVectorEnv = SyncVectorEnv029
+    gym.wrappers.GrayScaleObservation = gym.wrappers.GrayscaleObservation  # 0.29's names of 1.x's wrappers
+    gym.wrappers.FrameStack = gym.wrappers.FrameStackObservation
+    gym.wrappers.TransformObservation = TransformObservation029
+    try:  # gymnasium 1.x finds the Atari ids only once ale-py registers them; 0.29 did it by entry point
+        import ale_py
+
+        gym.register_envs(ale_py)
+    except ImportError:
+        pass
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(script))))  # its cleanrl_utils
     sys.argv = [script, *argv]
     runpy.run_path(script, run_name="__main__")
@@ -95,7 +133,8 @@ def command(side: str, pair: Pair, cleanrl_dir: str, seed: int) -> list[str]:
     if side == "cleanrl":
         script = os.path.join(cleanrl_dir, "cleanrl", f"{pair.script}.py")
         return [sys.executable, os.path.abspath(__file__), "run-cleanrl", script, *pair.args, "--seed", str(seed)]
-    return [sys.executable, os.path.join(REPO_ROOT, "cleanrl", f"{pair.script}.py"), *pair.args, "--seed", str(seed)]
+    ours = os.path.join(REPO_ROOT, "cleanrl", f"{pair.script}.py")
+    return [sys.executable, ours, *pair.args, *pair.ours_only, "--seed", str(seed)]
 
 
 def measure(side: str, pair: Pair, cleanrl_dir: str, processes: int) -> float:
@@ -167,6 +206,7 @@ def main():
                 "pair": name,
                 "processes": processes,
                 "args": PAIRS[name].args,
+                "ours_only": list(PAIRS[name].ours_only),
                 "cleanrl_sps": cleanrl,
                 "ours_sps": ours,
                 "speedup": ours / cleanrl,
@@ -177,7 +217,8 @@ def main():
     print("| script | task | processes | CleanRL | ours | speed-up |\n|---|---|---|---|---|---|")
     for row in rows:
         task = row["args"][row["args"].index("--env-id") + 1]
-        script = f"`{PAIRS[row['pair']].script}.py`"
+        pair = PAIRS[row["pair"]]
+        script = f"`{pair.script}.py`" + (f" (ours with `{' '.join(pair.ours_only)}`)" if pair.ours_only else "")
         figures = f"{row['cleanrl_sps']:,.0f} | {row['ours_sps']:,.0f} | {row['speedup']:.2f}x"
         print(f"| {script} | {task} | {row['processes']} | {figures} |")
     if cli.json:

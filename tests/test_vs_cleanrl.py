@@ -1,5 +1,6 @@
 """benchmark/vs_cleanrl.py, the side-by-side speed check against CleanRL's own scripts: its stand-in for
-gymnasium 0.29's vector-env layout (what CleanRL's loops read), its steady-SPS reading, its bad input.
+gymnasium 0.29's vector-env layout and wrapper names (what CleanRL's scripts use), left alone for a script
+already ported to 1.x, and its bad input.
 The timings themselves are a benchmark (docs/benchmarks.md), not a test."""
 
 import os
@@ -44,10 +45,62 @@ def test_cleanrl_style_scripts_see_gymnasium_029s_final_info_and_final_observati
     assert " env 0 " not in result.stdout  # env 0 goes on: None in final_info
 
 
+# A script in CleanRL's manner already ported to gymnasium 1.x: it names its autoreset mode and reads
+# 1.x's final_info, a dict of arrays with "_episode" marking the envs whose episode ended.
+CLEANRL_PORTED = """
+import gymnasium as gym
+import numpy as np
+
+envs = gym.vector.SyncVectorEnv(
+    [lambda: gym.wrappers.RecordEpisodeStatistics(gym.make("CartPole-v1", max_episode_steps=3))] * 2,
+    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+)
+envs.reset(seed=1)
+for step in range(1, 4):
+    _, _, _, _, infos = envs.step(np.array([0, 0]))
+    if "final_info" in infos:
+        ended = np.nonzero(infos["final_info"]["_episode"])[0]
+        print(f"step {step} ended {ended.tolist()} lengths {infos['final_info']['episode']['l'][ended].tolist()}")
+"""
+
+# CleanRL's Atari and MuJoCo wrappers as gymnasium 0.29 named them, on an Atari id that 1.x knows only
+# once ale-py registers it.
+CLEANRL_029_WRAPPERS = """
+import gymnasium as gym
+import numpy as np
+
+env = gym.make("BreakoutNoFrameskip-v4")
+env = gym.wrappers.ResizeObservation(env, (84, 84))
+env = gym.wrappers.GrayScaleObservation(env)
+env = gym.wrappers.FrameStack(env, 4)
+env = gym.wrappers.TransformObservation(env, lambda obs: obs // 2)
+obs, _ = env.reset(seed=1)
+print("atari", np.asarray(obs).shape, np.asarray(obs).max() <= 127)
+"""
+
+
+def test_a_script_ported_to_gymnasium_1_keeps_1s_layout(tmp_path):
+    script = tmp_path / "cleanrl" / "ported.py"
+    script.parent.mkdir()
+    script.write_text(textwrap.dedent(CLEANRL_PORTED))
+    result = run_tool("vs_cleanrl.py", "run-cleanrl", str(script), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "step 3 ended [0, 1] lengths [3, 3]" in result.stdout, result.stdout
+
+
+def test_gymnasium_029s_wrapper_names_and_the_atari_ids_work(tmp_path):
+    script = tmp_path / "cleanrl" / "atari.py"
+    script.parent.mkdir()
+    script.write_text(textwrap.dedent(CLEANRL_029_WRAPPERS))
+    result = run_tool("vs_cleanrl.py", "run-cleanrl", str(script), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "atari (4, 84, 84) True" in result.stdout, result.stdout
+
+
 def test_bad_input_is_a_one_line_error(tmp_path):
     assert_user_error(run_tool("vs_cleanrl.py", "--cleanrl-dir", str(tmp_path), cwd=tmp_path), "checkout of CleanRL")
     os.makedirs(tmp_path / "cleanrl")
-    for name in ("dqn.py", "sac_continuous_action.py"):
+    for name in ("dqn.py", "sac_continuous_action.py", "ppo_atari.py", "ppo_continuous_action.py"):
         (tmp_path / "cleanrl" / name).write_text("")
     result = run_tool("vs_cleanrl.py", "--cleanrl-dir", str(tmp_path), "--rounds", "0", cwd=tmp_path)
     assert_user_error(result, "--rounds")
