@@ -18,8 +18,9 @@ An iteration ends at the script's per-iteration `Progress.show` call; the first 
 oneDNN picks and compiles its kernels there) is left out, the table shows the mean of the others.
 `--ops` adds torch.profiler's table of the operators by self time over the measured iterations (casts,
 layout reorders, each convolution's forward and backward); `--onednn` runs the script with
-ONEDNN_VERBOSE=1 and sums oneDNN's primitives by implementation: on a CPU with AMX, `brg_conv_*:..._amx`
-shows a convolution on AMX tiles, anything else one that is not. `--ceiling` sets the network phases
+ONEDNN_VERBOSE=1 and sums oneDNN's primitives by implementation and problem (each layer at each batch
+size): on a CPU with AMX, `brg_conv_*:..._amx` shows a convolution on AMX tiles, anything else one that
+is not. `--ceiling` sets the network phases
 against this CPU's peak: their FLOPs per iteration (torch's FlopCounterMode on the script's own Agent, times
 the samples each phase ran), the rate each ran at, and the rate of a 2048 x 2048 matmul in the same precision
 and thread count; then the fastest iteration that peak allows, the rest of the iteration as measured. CPU
@@ -211,10 +212,13 @@ def flops_per_sample(agent, obs_shape: tuple, obs_dtype) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------
 # oneDNN's own account: which implementation ran each primitive, and for how long
 # ---------------------------------------------------------------------------------------------
-def onednn_summary(log: str, iterations: int) -> list[tuple[str, str, str, float, float]]:
-    """(primitive, implementation, propagation, calls, ms) per iteration of the whole run (warm-up
+def onednn_summary(log: str, iterations: int) -> list[tuple[str, str, str, str, float, float]]:
+    """(primitive, implementation, propagation, problem, calls, ms) per iteration of the whole run (warm-up
     included: the verbose log has no iteration marks), from ONEDNN_VERBOSE=1 lines
-    `onednn_verbose,[...,]primitive,exec,cpu,KIND,IMPLEMENTATION,PROPAGATION,...,MS`."""
+    `onednn_verbose,[...,]primitive,exec,cpu,KIND,IMPLEMENTATION,PROPAGATION,...,PROBLEM,MS`. The problem
+    tells the layers apart (a convolution's `mb256_ic4oc32_ih84oh20kh8sh4...`, cut before its widths, which
+    repeat its heights here): each layer's forward, data and weight gradients, at the rollout's batch and
+    the update's."""
     totals = collections.defaultdict(lambda: [0, 0.0])
     for line in log.splitlines():
         fields = line.split(",")
@@ -225,11 +229,11 @@ def onednn_summary(log: str, iterations: int) -> list[tuple[str, str, str, float
             kind, implementation, propagation, ms = fields[at + 2], fields[at + 3], fields[at + 4], float(fields[-1])
         except (IndexError, ValueError):
             continue
-        entry = totals[(kind, implementation, propagation)]
+        entry = totals[(kind, implementation, propagation, fields[-2].split("_iw")[0])]
         entry[0] += 1
         entry[1] += ms
     rows = [(*key, calls / iterations, ms / iterations) for key, (calls, ms) in totals.items()]
-    return sorted(rows, key=lambda row: row[4], reverse=True)
+    return sorted(rows, key=lambda row: row[5], reverse=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,9 +288,9 @@ def print_tables(profiles: list[dict]):
                 print(f"| `{key}` | {calls:.0f} | {ms:.1f} |")
         if "onednn" in p:
             print(f"\n{name}: oneDNN primitives per iteration (warm-up included)\n")
-            print("| primitive | implementation | propagation | calls | ms |\n|-|-|-|-|-|")
-            for kind, implementation, propagation, calls, ms in p["onednn"][:30]:
-                print(f"| {kind} | `{implementation}` | {propagation} | {calls:.0f} | {ms:.1f} |")
+            print("| primitive | implementation | propagation | problem | calls | ms |\n|-|-|-|-|-|-|")
+            for kind, implementation, propagation, problem, calls, ms in p["onednn"][:30]:
+                print(f"| {kind} | `{implementation}` | {propagation} | `{problem}` | {calls:.0f} | {ms:.1f} |")
 
 
 # ---------------------------------------------------------------------------------------------

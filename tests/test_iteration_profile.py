@@ -101,7 +101,7 @@ def test_bad_input_is_a_one_line_error(tmp_path):
     assert_user_error(bad, "not divisible by num_minibatches = 3", "(in the fp32 run)")
 
 
-def test_onednn_lines_are_summed_by_primitive_and_implementation():
+def test_onednn_lines_are_summed_by_primitive_implementation_and_problem():
     log = "\n".join(
         [
             "onednn_verbose,v1,info,cpu,isa:Intel AVX-512 with AMX",
@@ -109,6 +109,8 @@ def test_onednn_lines_are_summed_by_primitive_and_implementation():
             "src:bf16::blocked:acdb::f0 wei:bf16,,alg:convolution_direct,mb256_ic4oc32_ih84oh20kh8sh4,1.5",
             "onednn_verbose,v1,primitive,exec,cpu,convolution,brg_conv_fwd:avx512_core_amx,forward_training,"
             "src:bf16::blocked:acdb::f0 wei:bf16,,alg:convolution_direct,mb256_ic4oc32_ih84oh20kh8sh4,2.5",
+            "onednn_verbose,v1,primitive,exec,cpu,convolution,brg_conv_fwd:avx512_core_amx,forward_training,"
+            "src:bf16::blocked:acdb::f0 wei:bf16,,alg:convolution_direct,mb8_ic4oc32_ih84oh20kh8sh4_iw84ow20,0.5",
             "onednn_verbose,v1,primitive,exec,cpu,reorder,jit:uni,undef,src:f32 dst:bf16,,,256x4x84x84,0.25",
             "onednn_verbose,v1,primitive,create:cache_miss,cpu,convolution,brg_conv_fwd:avx512_core_amx,x,y,9.0",
             "something else entirely",
@@ -116,6 +118,7 @@ def test_onednn_lines_are_summed_by_primitive_and_implementation():
     )
     rows = onednn_summary(log, iterations=2)
     assert rows == [
-        ("convolution", "brg_conv_fwd:avx512_core_amx", "forward_training", 1.0, 2.0),
-        ("reorder", "jit:uni", "undef", 0.5, 0.125),
+        ("convolution", "brg_conv_fwd:avx512_core_amx", "forward_training", "mb256_ic4oc32_ih84oh20kh8sh4", 1.0, 2.0),
+        ("convolution", "brg_conv_fwd:avx512_core_amx", "forward_training", "mb8_ic4oc32_ih84oh20kh8sh4", 0.5, 0.25),
+        ("reorder", "jit:uni", "undef", "256x4x84x84", 0.5, 0.125),
     ]
