@@ -3,16 +3,20 @@ hyperparameters, runs interleaved on one machine, steady SPS from each run's Ten
 
 CleanRL is not vendored here: point --cleanrl-dir at a checkout of it
 (`git clone https://github.com/vwxyzjn/cleanrl`). Its scripts run unchanged but for what this stack
-needs, done from outside the file by `run-cleanrl` (below): gymnasium 1.x's vector envs are given
-gymnasium 0.29's autoreset and info layout (`final_observation`, `final_info` as a list), which
-CleanRL's loops read, unless the script names an autoreset mode (then it was written for 1.x);
-0.29's wrapper names (`GrayScaleObservation`, `FrameStack`, `TransformObservation` without a space)
-stand for 1.x's wrappers; ale-py registers the Atari ids. Their replay buffer (`cleanrl_utils/buffers.py`,
-Stable-Baselines3's) is imported from the checkout; the Atari wrappers come from Stable-Baselines3
-(`pip install stable-baselines3`).
+needs, done from outside the file by `run-cleanrl` (below):
+  - gymnasium 1.x's vector envs get gymnasium 0.29's autoreset and info layout (`final_observation`,
+    `final_info` as a list), which CleanRL's loops read, unless the script names an autoreset mode
+    (then it was written for 1.x);
+  - 0.29's wrapper names (`GrayScaleObservation`, `FrameStack`, `TransformObservation` without a space)
+    stand for 1.x's wrappers, and ale-py registers the Atari ids;
+  - the envpool script gets the old gym API it was written for (a stand-in `gym` module, envpool's envs
+    with 4-value steps).
+Their replay buffer and Atari wrappers come from the checkout's `cleanrl_utils/` or Stable-Baselines3
+(`pip install stable-baselines3`), as each script imports them.
 
-Pairs: dqn (CartPole), sac (HalfCheetah), ppo_atari (Breakout, fp32; ppo_atari_bf16 runs ours in bf16
-against CleanRL's fp32), ppo_continuous_action (HalfCheetah).
+Pairs: dqn (CartPole), dqn_atari (Breakout), sac (HalfCheetah), ppo_atari (Breakout, fp32; ppo_atari_bf16
+runs ours in bf16 against CleanRL's fp32), ppo_atari_envpool (Breakout-v5), ppo_atari_multigpu (Breakout,
+2 processes x 4 envs, each side's job under torchrun), ppo_continuous_action (HalfCheetah).
 
     python benchmark/vs_cleanrl.py --cleanrl-dir ~/cleanrl                 # every pair, 2 rounds
     python benchmark/vs_cleanrl.py --cleanrl-dir ~/cleanrl --pairs sac --parallel
@@ -44,6 +48,8 @@ sys.path.insert(0, REPO_ROOT)
 from benchmark.events import scalars, steady_sps  # noqa: E402
 from benchmark.run import cpu_model  # noqa: E402  (the runner's logs name the CPU alike)
 
+TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
+
 
 @dataclass
 class Pair:
@@ -51,12 +57,20 @@ class Pair:
     args: list[str]  # the task and a budget, the same for both
     measure_from: int  # steady SPS from the first SPS event at or after this step
     ours_only: tuple[str, ...] = ()  # arguments for our script alone (a precision CleanRL's has not)
+    torchrun: int = 0  # the processes of one run under torchrun (each side's own data-parallel job); 0: plain python
 
 
 PAIRS = {
     # 10,000 random steps, then learning with epsilon at its floor from step 20,000 (half the budget)
     "dqn": Pair("dqn", ["--env-id", "CartPole-v1", "--total-timesteps", "60000"], 25_000),
     "sac": Pair("sac_continuous_action", ["--env-id", "HalfCheetah-v5", "--total-timesteps", "9000"], 5_500),
+    # 2,000 random steps, then learning every 4th step; measured over its last 4,000 steps
+    "dqn_atari": Pair(
+        "dqn_atari",
+        ["--env-id", "BreakoutNoFrameskip-v4", "--total-timesteps", "8000", "--learning-starts", "2000"]
+        + ["--buffer-size", "10000"],
+        4_000,
+    ),
     # 12 iterations of 8 envs x 128 steps; the first two (start-up, oneDNN's first calls) left out
     "ppo_atari": Pair("ppo_atari", ["--env-id", "BreakoutNoFrameskip-v4", "--total-timesteps", "12288"], 3_072),
     "ppo_atari_bf16": Pair(
@@ -64,6 +78,14 @@ PAIRS = {
         ["--env-id", "BreakoutNoFrameskip-v4", "--total-timesteps", "12288"],
         3_072,
         ("--mixed-precision", "bf16"),
+    ),
+    "ppo_atari_envpool": Pair("ppo_atari_envpool", ["--env-id", "Breakout-v5", "--total-timesteps", "12288"], 3_072),
+    # 2 processes of 4 envs under torchrun (gloo on CPU, one thread each), 12 iterations of 2 x 4 x 128 steps
+    "ppo_atari_multigpu": Pair(
+        "ppo_atari_multigpu",
+        ["--env-id", "BreakoutNoFrameskip-v4", "--local-num-envs", "4", "--total-timesteps", "12288"],
+        3_072,
+        torchrun=2,
     ),
     # 10 iterations of 2048 steps, the first left out
     "ppo_continuous_action": Pair(
@@ -116,9 +138,65 @@ def run_cleanrl(script: str, argv: list[str]):
         gym.register_envs(ale_py)
     except ImportError:
         pass
+    speak_gym_02x_to_envpool()
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(script))))  # its cleanrl_utils
     sys.argv = [script, *argv]
     runpy.run_path(script, run_name="__main__")
+
+
+def speak_gym_02x_to_envpool():
+    """CleanRL's envpool script speaks the old gym (0.2x) API: `import gym` for its `Wrapper` and `spaces`,
+    and envpool's env_type="gym" envs with `reset()` returning the observations alone and `step` four values
+    (done = terminated or truncated). Without gym installed, a stand-in module gives the first, and
+    envpool.make wraps such envs for the second where they speak gymnasium's five values."""
+    try:
+        import envpool
+    except ImportError:
+        return
+    import types
+
+    import gymnasium
+
+    class Wrapper:
+        """gym's Wrapper as CleanRL's subclass uses it: what it does not define is the wrapped env's."""
+
+        def __init__(self, env):
+            self.env = env
+
+        def __getattr__(self, name):
+            return getattr(self.env, name)
+
+        def reset(self, **kwargs):
+            return self.env.reset(**kwargs)
+
+        def step(self, action):
+            return self.env.step(action)
+
+    class OldGymAPI(Wrapper):
+        def reset(self, **kwargs):
+            result = self.env.reset(**kwargs)
+            return result[0] if isinstance(result, tuple) else result
+
+        def step(self, action):
+            result = self.env.step(action)
+            if len(result) == 5:
+                obs, reward, terminated, truncated, info = result
+                return obs, reward, terminated | truncated, info
+            return result
+
+    if "gym" not in sys.modules:
+        try:
+            import gym  # noqa: F401
+        except ImportError:
+            sys.modules["gym"] = stand_in = types.ModuleType("gym")
+            stand_in.Wrapper, stand_in.spaces = Wrapper, gymnasium.spaces
+    make = envpool.make
+
+    def make_old_api(task_id, env_type="gymnasium", **kwargs):
+        env = make(task_id, env_type=env_type, **kwargs)
+        return OldGymAPI(env) if env_type == "gym" else env
+
+    envpool.make = make_old_api
 
 
 def env_info(batched: dict, i: int) -> dict:
@@ -130,11 +208,12 @@ def env_info(batched: dict, i: int) -> dict:
 # Measurement
 # ---------------------------------------------------------------------------------------------
 def command(side: str, pair: Pair, cleanrl_dir: str, seed: int) -> list[str]:
+    launcher = [TORCHRUN, "--standalone", f"--nproc-per-node={pair.torchrun}"] if pair.torchrun else [sys.executable]
     if side == "cleanrl":
         script = os.path.join(cleanrl_dir, "cleanrl", f"{pair.script}.py")
-        return [sys.executable, os.path.abspath(__file__), "run-cleanrl", script, *pair.args, "--seed", str(seed)]
+        return [*launcher, os.path.abspath(__file__), "run-cleanrl", script, *pair.args, "--seed", str(seed)]
     ours = os.path.join(REPO_ROOT, "cleanrl", f"{pair.script}.py")
-    return [sys.executable, ours, *pair.args, *pair.ours_only, "--seed", str(seed)]
+    return [*launcher, ours, *pair.args, *pair.ours_only, "--seed", str(seed)]
 
 
 def measure(side: str, pair: Pair, cleanrl_dir: str, processes: int) -> float:
@@ -214,11 +293,12 @@ def main():
             }
         )
     print(f"\nsteady SPS, medians of {cli.rounds} round(s), {cpu_model()}, {os.cpu_count()} cpus")
-    print("| script | task | processes | CleanRL | ours | speed-up |\n|---|---|---|---|---|---|")
+    print("| script | task | runs at once | CleanRL | ours | speed-up |\n|---|---|---|---|---|---|")
     for row in rows:
         task = row["args"][row["args"].index("--env-id") + 1]
         pair = PAIRS[row["pair"]]
         script = f"`{pair.script}.py`" + (f" (ours with `{' '.join(pair.ours_only)}`)" if pair.ours_only else "")
+        script += f", {pair.torchrun} processes under torchrun" if pair.torchrun else ""
         figures = f"{row['cleanrl_sps']:,.0f} | {row['ours_sps']:,.0f} | {row['speedup']:.2f}x"
         print(f"| {script} | {task} | {row['processes']} | {figures} |")
     if cli.json:

@@ -79,6 +79,33 @@ print("atari", np.asarray(obs).shape, np.asarray(obs).max() <= 127)
 """
 
 
+# CleanRL's envpool script's manner: the old gym API (`import gym`, a gym.Wrapper subclass, reset giving
+# the observations alone, step four values with done = terminated or truncated) on envpool's gym envs.
+CLEANRL_OLD_GYM_ENVPOOL = """
+import envpool
+import gym
+import numpy as np
+
+
+class Counting(gym.Wrapper):
+    def step(self, action):
+        observations, rewards, dones, infos = super().step(action)
+        return observations, rewards, dones, infos
+
+
+envs = envpool.make("Breakout-v5", env_type="gym", num_envs=2, seed=1, max_episode_steps=3)
+envs.num_envs = 2
+envs.single_action_space = envs.action_space
+envs = Counting(envs)
+assert isinstance(envs.action_space, gym.spaces.Discrete)
+obs = envs.reset()
+print("reset", obs.shape)
+for step in range(1, 4):
+    obs, rewards, dones, infos = envs.step(np.zeros(2, dtype=int))
+    print(f"step {step} dones {dones.tolist()} lives {infos['lives'].tolist()}")
+"""
+
+
 def test_a_script_ported_to_gymnasium_1_keeps_1s_layout(tmp_path):
     script = tmp_path / "cleanrl" / "ported.py"
     script.parent.mkdir()
@@ -97,10 +124,24 @@ def test_gymnasium_029s_wrapper_names_and_the_atari_ids_work(tmp_path):
     assert "atari (4, 84, 84) True" in result.stdout, result.stdout
 
 
+def test_cleanrls_envpool_script_gets_the_old_gym_api_it_was_written_for(tmp_path):
+    script = tmp_path / "cleanrl" / "envpool_style.py"
+    script.parent.mkdir()
+    script.write_text(textwrap.dedent(CLEANRL_OLD_GYM_ENVPOOL))
+    result = run_tool("vs_cleanrl.py", "run-cleanrl", str(script), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "reset (2, 4, 84, 84)" in result.stdout, result.stdout
+    # the 3-step limit ends both games at step 3: truncated, which the old API folds into done
+    assert "step 2 dones [False, False]" in result.stdout and "step 3 dones [True, True]" in result.stdout, (
+        result.stdout
+    )
+
+
 def test_bad_input_is_a_one_line_error(tmp_path):
     assert_user_error(run_tool("vs_cleanrl.py", "--cleanrl-dir", str(tmp_path), cwd=tmp_path), "checkout of CleanRL")
     os.makedirs(tmp_path / "cleanrl")
-    for name in ("dqn.py", "sac_continuous_action.py", "ppo_atari.py", "ppo_continuous_action.py"):
-        (tmp_path / "cleanrl" / name).write_text("")
+    scripts = ("dqn", "dqn_atari", "sac_continuous_action", "ppo_atari", "ppo_atari_envpool", "ppo_atari_multigpu")
+    for name in (*scripts, "ppo_continuous_action"):
+        (tmp_path / "cleanrl" / f"{name}.py").write_text("")
     result = run_tool("vs_cleanrl.py", "--cleanrl-dir", str(tmp_path), "--rounds", "0", cwd=tmp_path)
     assert_user_error(result, "--rounds")
