@@ -15,7 +15,9 @@ rounds="${ROUNDS:-2}"
 grep -m1 "model name" /proc/cpuinfo || true
 echo "bf16 flags: $(grep -o -w -E 'amx_bf16|amx_tile|avx512_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 pin=()
-if [ "$cpus" != "all" ]; then
+if [ "$cpus" != "all" ] && ! command -v taskset > /dev/null; then
+  echo "warning: no taskset here: the runs use the whole machine"
+elif [ "$cpus" != "all" ]; then
   # One logical CPU of each physical core, the first $cpus of them: two hyperthreads of one core would
   # share its AMX unit.
   chosen=$(lscpu -p=CPU,CORE | grep -v '^#' | sort -t, -k2,2n -k1,1n | sort -t, -k2,2n -u | head -n "$cpus" |
