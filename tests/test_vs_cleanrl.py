@@ -33,16 +33,22 @@ for step in range(1, 4):
 """
 
 
-def test_cleanrl_style_scripts_see_gymnasium_029s_final_info_and_final_observation(tmp_path):
-    script = tmp_path / "cleanrl" / "style.py"
+def run_as_cleanrl_script(tmp_path, source: str, *args: str) -> str:
+    """Runs `source` as a script of a CleanRL checkout under vs_cleanrl.py's run-cleanrl; returns its output."""
+    script = tmp_path / "cleanrl" / "script.py"
     script.parent.mkdir()
-    script.write_text(textwrap.dedent(CLEANRL_STYLE))
-    result = run_tool("vs_cleanrl.py", "run-cleanrl", str(script), "1", cwd=tmp_path)
+    script.write_text(textwrap.dedent(source))
+    result = run_tool("vs_cleanrl.py", "run-cleanrl", str(script), *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_cleanrl_style_scripts_see_gymnasium_029s_final_info_and_final_observation(tmp_path):
+    output = run_as_cleanrl_script(tmp_path, CLEANRL_STYLE, "1")
     # env 1 ends at its 3-step limit: one episode, in the same step's final_info (0.29's autoreset), and
     # the observation returned is already the next episode's first
-    assert "step 3 env 1 return 3.0 length 3 truncated True reset True" in result.stdout, result.stdout
-    assert " env 0 " not in result.stdout  # env 0 goes on: None in final_info
+    assert "step 3 env 1 return 3.0 length 3 truncated True reset True" in output, output
+    assert " env 0 " not in output  # env 0 goes on: None in final_info
 
 
 # A script in CleanRL's manner already ported to gymnasium 1.x: it names its autoreset mode and reads
@@ -107,34 +113,20 @@ for step in range(1, 4):
 
 
 def test_a_script_ported_to_gymnasium_1_keeps_1s_layout(tmp_path):
-    script = tmp_path / "cleanrl" / "ported.py"
-    script.parent.mkdir()
-    script.write_text(textwrap.dedent(CLEANRL_PORTED))
-    result = run_tool("vs_cleanrl.py", "run-cleanrl", str(script), cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert "step 3 ended [0, 1] lengths [3, 3]" in result.stdout, result.stdout
+    output = run_as_cleanrl_script(tmp_path, CLEANRL_PORTED)
+    assert "step 3 ended [0, 1] lengths [3, 3]" in output, output
 
 
 def test_gymnasium_029s_wrapper_names_and_the_atari_ids_work(tmp_path):
-    script = tmp_path / "cleanrl" / "atari.py"
-    script.parent.mkdir()
-    script.write_text(textwrap.dedent(CLEANRL_029_WRAPPERS))
-    result = run_tool("vs_cleanrl.py", "run-cleanrl", str(script), cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert "atari (4, 84, 84) True" in result.stdout, result.stdout
+    output = run_as_cleanrl_script(tmp_path, CLEANRL_029_WRAPPERS)
+    assert "atari (4, 84, 84) True" in output, output
 
 
 def test_cleanrls_envpool_script_gets_the_old_gym_api_it_was_written_for(tmp_path):
-    script = tmp_path / "cleanrl" / "envpool_style.py"
-    script.parent.mkdir()
-    script.write_text(textwrap.dedent(CLEANRL_OLD_GYM_ENVPOOL))
-    result = run_tool("vs_cleanrl.py", "run-cleanrl", str(script), cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert "reset (2, 4, 84, 84)" in result.stdout, result.stdout
+    output = run_as_cleanrl_script(tmp_path, CLEANRL_OLD_GYM_ENVPOOL)
+    assert "reset (2, 4, 84, 84)" in output, output
     # the 3-step limit ends both games at step 3: truncated, which the old API folds into done
-    assert "step 2 dones [False, False]" in result.stdout and "step 3 dones [True, True]" in result.stdout, (
-        result.stdout
-    )
+    assert "step 2 dones [False, False]" in output and "step 3 dones [True, True]" in output, output
 
 
 def test_bad_input_is_a_one_line_error(tmp_path):
