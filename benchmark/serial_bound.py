@@ -154,6 +154,8 @@ def dqn_work(module, args, envs) -> NetworkWork:
     rewards, dones = torch.randn(args.batch_size), torch.zeros(args.batch_size)
 
     def act(observation):
+        if not atari:  # dqn.py acts through its own numpy path
+            return q_network.greedy_actions(observation)
         with torch.inference_mode():
             return q_network(torch.as_tensor(observation)).argmax(dim=1).numpy()
 

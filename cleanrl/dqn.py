@@ -189,13 +189,33 @@ class QNetwork(nn.Module):
             nn.ReLU(),
             nn.Linear(84, num_actions),
         )
+        self.numpy_views, self.numpy_views_at = [], None  # of the weights, for greedy_actions
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The layers' operations without their module calls, which for one CartPole state cost twice the
-        # math (a third of a step). The same operations, so the same numbers.
+        # math. The same operations, so the same numbers.
         fc1, _, fc2, _, fc3 = self.network
         hidden = F.relu(F.linear(F.relu(F.linear(x, fc1.weight, fc1.bias)), fc2.weight, fc2.bias))
         return F.linear(hidden, fc3.weight, fc3.bias)
+
+    def greedy_actions(self, obs: np.ndarray) -> np.ndarray:
+        """argmax_a Q(s, a) for each row s of obs (num_envs, obs_dim). Acting sees one state per env and
+        step, where torch's per-call overhead is many times the math: a third of a CartPole step in the
+        learning phase. So on the CPU the same three layers run in numpy, on views of the very weights: no
+        copy, and Adam's in-place steps show in them at once. Both are float32 and agree to about 1e-7 (another
+        summation order), so only a near-exact tie of two Q-values could pick the other action."""
+        first_weight = self.network[0].weight
+        if first_weight.device.type != "cpu":  # on a GPU the weights stay there
+            with torch.inference_mode():
+                q_values = self(torch.as_tensor(obs, dtype=torch.float32, device=first_weight.device))
+                return q_values.argmax(dim=1).cpu().numpy()
+        if self.numpy_views_at != first_weight.data_ptr():  # the first call, or the weights moved
+            self.numpy_views = [p.detach().numpy() for p in self.network.parameters()]
+            self.numpy_views_at = first_weight.data_ptr()
+        w1, b1, w2, b2, w3, b3 = self.numpy_views
+        hidden = np.maximum(np.asarray(obs, dtype=np.float32) @ w1.T + b1, 0)
+        hidden = np.maximum(hidden @ w2.T + b2, 0)
+        return (hidden @ w3.T + b3).argmax(axis=1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,7 +236,7 @@ def td_target(rewards: torch.Tensor, dones: torch.Tensor, next_q_values: torch.T
     return rewards + gamma * (1.0 - dones) * next_q_values.max(dim=1).values
 
 
-def epsilon_greedy(q_network: nn.Module, obs: np.ndarray, epsilon: float, num_actions: int, rng, device):
+def epsilon_greedy(q_network: QNetwork, obs: np.ndarray, epsilon: float, num_actions: int, rng) -> np.ndarray:
     """One action per env: uniformly random with probability epsilon (each env on its own coin), else the
     argmax of the Q-values. A classic-control step costs a fraction of a millisecond, so this stays lean:
     one draw gives the coins and the random actions (numpy's integers() alone would add 5% to a step), and
@@ -226,8 +246,7 @@ def epsilon_greedy(q_network: nn.Module, obs: np.ndarray, epsilon: float, num_ac
     num_exploring = np.count_nonzero(explore)
     if num_exploring == len(obs):
         return (uniforms * num_actions).astype(np.int64)  # uniform over 0 .. num_actions - 1
-    with torch.inference_mode():
-        greedy = q_network(torch.as_tensor(obs, dtype=torch.float32, device=device)).argmax(dim=1).cpu().numpy()
+    greedy = q_network.greedy_actions(obs)
     if num_exploring == 0:
         return greedy
     return np.where(explore, (uniforms * num_actions).astype(np.int64), greedy)
@@ -256,7 +275,7 @@ def main(args: Args):
         env_id = saved_args["env_id"]  # the run is named after the env it plays
         run_name = f"{env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
         writer = start_logging(args, run_name, None)
-        evaluate_episodes(args, device, writer, run_name, q_network, env_id)
+        evaluate_episodes(args, writer, run_name, q_network, env_id)
         return finish_logging(args, writer, run_name)
     run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     try:
@@ -291,7 +310,7 @@ def main(args: Args):
 
     for _ in range(num_vector_steps):
         epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
-        actions = epsilon_greedy(q_network, obs, epsilon, num_actions, rng, device)
+        actions = epsilon_greedy(q_network, obs, epsilon, num_actions, rng)
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
         episode_done = terminations | truncations
         rb.add(obs, real_next_obs(next_obs, infos, episode_done), actions, rewards, terminations)
@@ -344,7 +363,7 @@ def main(args: Args):
         model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
         save_model(model_path, q_network, args)
         print(f"model saved to {model_path}")
-        evaluate_episodes(args, device, writer, run_name, q_network, args.env_id)
+        evaluate_episodes(args, writer, run_name, q_network, args.env_id)
     finish_logging(args, writer, run_name)
 
 
@@ -431,7 +450,7 @@ def load_model(path: str, device) -> tuple[nn.Module, dict]:
     return agent, dict(payload["args"])
 
 
-def play_episodes(q_network, env_id: str, num_episodes: int, device, epsilon: float, seed=0, video_folder=None) -> list:
+def play_episodes(q_network, env_id: str, num_episodes: int, epsilon: float, seed=0, video_folder=None) -> list:
     """Plays whole episodes in one env (episode k on seed + k) epsilon-greedily; returns their returns. Not
     ppo_atari.py's `evaluate`, which plays games in a vector env of the Atari library."""
     env = make_env(env_id, video_folder, record_every_episode=True)
@@ -441,7 +460,7 @@ def play_episodes(q_network, env_id: str, num_episodes: int, device, epsilon: fl
         obs, _ = env.reset(seed=seed + episode)
         episode_return, done = 0.0, False
         while not done:
-            action = int(epsilon_greedy(q_network, obs[None], epsilon, int(env.action_space.n), rng, device)[0])
+            action = int(epsilon_greedy(q_network, obs[None], epsilon, int(env.action_space.n), rng)[0])
             obs, reward, terminated, truncated, _ = env.step(action)
             episode_return += float(reward)
             done = terminated or truncated
@@ -450,10 +469,10 @@ def play_episodes(q_network, env_id: str, num_episodes: int, device, epsilon: fl
     return returns
 
 
-def evaluate_episodes(args: Args, device, writer: SummaryWriter, run_name: str, q_network, env_id: str) -> list:
+def evaluate_episodes(args: Args, writer: SummaryWriter, run_name: str, q_network, env_id: str) -> list:
     """Plays --eval-episodes episodes of env_id with the Q-network; prints and logs their returns."""
     video_folder = f"videos/{run_name}-eval" if args.capture_video else None
-    returns = play_episodes(q_network, env_id, args.eval_episodes, device, args.eval_epsilon, args.seed, video_folder)
+    returns = play_episodes(q_network, env_id, args.eval_episodes, args.eval_epsilon, args.seed, video_folder)
     for i, episodic_return in enumerate(returns):
         print(f"eval_episode={i}, episodic_return={episodic_return}")
         writer.add_scalar("eval/episodic_return", episodic_return, i)

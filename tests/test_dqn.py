@@ -126,33 +126,64 @@ def test_replay_buffer_keeps_and_samples_only_the_newest_transitions():
     torch.testing.assert_close(batch["rewards"], batch["obs"][:, 0])
 
 
-class CountingQNetwork(torch.nn.Module):
-    """Q-values that make action 2 of 3 greedy; counts its calls."""
+class CountingQNetwork(dqn.QNetwork):
+    """Greedy action 2 of 3 for every state; counts the times acting ran the network."""
 
     calls = 0
 
-    def forward(self, x):
+    def __init__(self):
+        super().__init__(2, 3)
+
+    def greedy_actions(self, obs):
         CountingQNetwork.calls += 1
-        return torch.tensor([[0.0, 1.0, 5.0]]).expand(len(x), 3)
+        return np.full(len(obs), 2, dtype=np.int64)
 
 
 def test_epsilon_greedy_explores_uniformly_at_rate_epsilon_and_runs_the_network_only_when_needed():
     q_network, rng, obs = CountingQNetwork(), np.random.default_rng(0), np.zeros((4, 2), np.float32)
-    actions = np.concatenate([dqn.epsilon_greedy(q_network, obs, 0.3, 3, rng, "cpu") for _ in range(5000)])
+    actions = np.concatenate([dqn.epsilon_greedy(q_network, obs, 0.3, 3, rng) for _ in range(5000)])
     # greedy (action 2) with probability 0.7, plus a third of the random ones
     counts = np.bincount(actions, minlength=3) / len(actions)
     np.testing.assert_allclose(counts, [0.1, 0.1, 0.8], atol=0.01)
     assert actions.dtype == np.int64
 
     CountingQNetwork.calls = 0
-    assert set(np.concatenate([dqn.epsilon_greedy(q_network, obs, 1.0, 3, rng, "cpu") for _ in range(300)])) == {
-        0,
-        1,
-        2,
-    }
+    assert set(np.concatenate([dqn.epsilon_greedy(q_network, obs, 1.0, 3, rng) for _ in range(300)])) == {0, 1, 2}
     assert CountingQNetwork.calls == 0  # every env explored: the network never ran
-    assert (dqn.epsilon_greedy(q_network, obs, 0.0, 3, rng, "cpu") == 2).all()
+    assert (dqn.epsilon_greedy(q_network, obs, 0.0, 3, rng) == 2).all()
     assert CountingQNetwork.calls == 1
+
+
+def test_greedy_actions_are_the_argmax_of_the_forward_and_follow_every_update():
+    """Acting runs the Q-network in numpy on views of its weights: the same actions as torch's forward,
+    also after Adam's in-place steps and a load_state_dict, and again after the weights moved."""
+    torch.manual_seed(0)
+    q_network = dqn.QNetwork(4, 3)
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=0.05, fused=True)
+    states = np.random.default_rng(0).normal(size=(4096, 4)).astype(np.float32)
+
+    def torch_argmax():
+        with torch.no_grad():
+            return q_network(torch.from_numpy(states)).argmax(dim=1).numpy()
+
+    for _ in range(3):
+        actions = q_network.greedy_actions(states)
+        assert actions.dtype == np.int64
+        np.testing.assert_array_equal(actions, torch_argmax())
+        # a large step towards another action: the next check fails if acting kept the old weights
+        loss = -q_network(torch.from_numpy(states))[:, int(np.bincount(actions, minlength=3).argmin())].mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    before = q_network.greedy_actions(states)
+    q_network.load_state_dict(dqn.QNetwork(4, 3).state_dict())
+    assert (q_network.greedy_actions(states) != before).any()
+    np.testing.assert_array_equal(q_network.greedy_actions(states), torch_argmax())
+    q_network.double().float()  # new parameter tensors: acting must not keep views of the old ones
+    with torch.no_grad():
+        q_network.network[-1].bias.add_(torch.tensor([0.0, 0.0, 100.0]))
+    assert (q_network.greedy_actions(states) == 2).all()
+    np.testing.assert_array_equal(q_network.greedy_actions(states[:1]), torch_argmax()[:1])  # one state, as acting
 
 
 def test_epsilon_decays_linearly_then_stays_at_its_end():
@@ -224,9 +255,9 @@ def test_evaluation_plays_the_requested_episodes_greedily_at_epsilon_zero():
     with torch.no_grad():  # always push left: CartPole falls within a few steps, the same each time
         q_network.network[-1].weight.zero_()
         q_network.network[-1].bias.copy_(torch.tensor([1.0, 0.0]))
-    returns = dqn.play_episodes(q_network, "CartPole-v1", 3, torch.device("cpu"), epsilon=0.0, seed=1)
+    returns = dqn.play_episodes(q_network, "CartPole-v1", 3, epsilon=0.0, seed=1)
     assert len(returns) == 3 and all(r < 15 for r in returns)
-    random_returns = dqn.play_episodes(q_network, "CartPole-v1", 20, torch.device("cpu"), epsilon=1.0, seed=1)
+    random_returns = dqn.play_episodes(q_network, "CartPole-v1", 20, epsilon=1.0, seed=1)
     assert np.mean(random_returns) > np.mean(returns)
 
 
