@@ -28,12 +28,14 @@ TINY = f"{PPO} --total-timesteps 2048"  # 4 iterations of 4 envs x 128 steps: a 
 QUICK = ["--window", "20", "--report-every", "512", "--read-interval", "1", "--status-interval", "1000"]
 # The study's runs are longer (32 iterations): a run writes its events in blocks, and a run of 4
 # iterations on a fast machine ends before the tuner can read its second report. Trials 0 and 1 learn;
-# trial 2 has learning rate 0 and stays at random play's 22 or so: once a good trial is complete, the
-# median pruner (after 1 complete trial) must stop it at one of its first reports, long before its end.
+# trial 2 has learning rate 0 and stays at random play's 22 or so: once the good trials are complete, the
+# median pruner must stop it at one of its first reports, long before its end. The pruner waits for both
+# good trials (--pruner-startup-trials 2): they run at once, and had it started after one, the slower
+# would be judged against the faster one's values at the same steps, where their curves cross.
 PRUNABLE = f"{PPO} --total-timesteps 16384"
 STUDY = [
     "--command", PRUNABLE,
-    *"--env-ids CartPole-v1 --param learning-rate=float:0:0.01 --pruner-startup-trials 1 --workers 2".split(),
+    *"--env-ids CartPole-v1 --param learning-rate=float:0:0.01 --pruner-startup-trials 2 --workers 2".split(),
     *"--enqueue learning-rate=0.0025 --enqueue learning-rate=0.003 --enqueue learning-rate=0".split(),
     *QUICK,
 ]  # fmt: skip
