@@ -197,21 +197,28 @@ class QNetwork(nn.Module):
     def greedy_actions(self, obs: np.ndarray) -> np.ndarray:
         """argmax_a Q(s, a) for each row s of obs (num_envs, obs_dim). Acting sees one state per env and
         step, where torch's per-call overhead is many times the math: a third of a CartPole step in the
-        learning phase. So on the CPU the same three layers run in numpy, on views of the very weights: no
-        copy, and Adam's in-place steps show in them at once. Both are float32 and agree to about 1e-7 (another
-        summation order), so only a near-exact tie of two Q-values could pick the other action."""
+        learning phase. So on the CPU the same three layers run in numpy (numpy_q_values), on views of the
+        very weights: no copy, and Adam's in-place steps show in them at once. Both are float32 and agree to
+        a relative 1e-7 (another summation order), so only a near-exact tie could pick the other action."""
         first_weight = self.network[0].weight
         if first_weight.device.type != "cpu":  # on a GPU the weights stay there
             with torch.inference_mode():
                 q_values = self(torch.as_tensor(obs, dtype=torch.float32, device=first_weight.device))
                 return q_values.argmax(dim=1).cpu().numpy()
+        obs = np.asarray(obs, dtype=np.float32)
         if self.numpy_views_at != first_weight.data_ptr():  # the first call, or the weights moved
             self.numpy_views = [p.detach().numpy() for p in self.network.parameters()]
             self.numpy_views_at = first_weight.data_ptr()
+            with torch.no_grad():  # the numpy layers must be the network's: an edited network stops here
+                if not np.allclose(self.numpy_q_values(obs), self(torch.from_numpy(obs)).numpy(), 1e-4, 1e-4):
+                    raise RuntimeError("QNetwork.numpy_q_values no longer computes forward(): edit both")
+        return self.numpy_q_values(obs).argmax(axis=1)
+
+    def numpy_q_values(self, obs: np.ndarray) -> np.ndarray:
         w1, b1, w2, b2, w3, b3 = self.numpy_views
-        hidden = np.maximum(np.asarray(obs, dtype=np.float32) @ w1.T + b1, 0)
+        hidden = np.maximum(obs @ w1.T + b1, 0)
         hidden = np.maximum(hidden @ w2.T + b2, 0)
-        return (hidden @ w3.T + b3).argmax(axis=1)
+        return hidden @ w3.T + b3
 
 
 # ---------------------------------------------------------------------------------------------

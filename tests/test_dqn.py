@@ -186,6 +186,15 @@ def test_greedy_actions_are_the_argmax_of_the_forward_and_follow_every_update():
     np.testing.assert_array_equal(q_network.greedy_actions(states[:1]), torch_argmax()[:1])  # one state, as acting
 
 
+def test_greedy_actions_stop_a_network_edited_without_its_numpy_layers():
+    """A researcher who changes QNetwork's layers and not numpy_q_values gets an error at the first
+    greedy action, not silently another policy."""
+    edited = dqn.QNetwork(4, 3)
+    edited.network[1] = torch.nn.Tanh()
+    with pytest.raises(RuntimeError, match="numpy_q_values no longer computes forward"):
+        edited.greedy_actions(np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32))
+
+
 def test_epsilon_decays_linearly_then_stays_at_its_end():
     assert_linear_epsilon_schedule(dqn.linear_schedule)
 
