@@ -30,8 +30,8 @@ QUICK = ["--window", "20", "--report-every", "512", "--read-interval", "1", "--s
 # iterations on a fast machine ends before the tuner can read its second report. Trials 0 and 1 learn;
 # trial 2 has learning rate 0 and stays at random play's 22 or so: once the good trials are complete, the
 # median pruner must stop it at one of its first reports, long before its end. The pruner waits for both
-# good trials (--pruner-startup-trials 2): they run at once, and had it started after one, the slower
-# would be judged against the faster one's values at the same steps, where their curves cross.
+# good trials (--pruner-startup-trials 2): they run at once, and had it started after one, the trial
+# finishing second would be pruned wherever its best report so far trails the other's at that step.
 PRUNABLE = f"{PPO} --total-timesteps 16384"
 STUDY = [
     "--command", PRUNABLE,
