@@ -380,6 +380,8 @@ def fail(message: str):
 
 
 def check_args(args: Args):
+    if not 0 <= args.seed < 2**32:  # what numpy's seed takes
+        fail(f"--seed must lie in [0, 2**32), got {args.seed}")
     counts = ("num_envs", "buffer_size", "batch_size", "total_timesteps", "train_frequency")
     for name in (*counts, "target_network_frequency", "eval_episodes"):
         if getattr(args, name) < 1:

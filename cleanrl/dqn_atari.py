@@ -484,6 +484,12 @@ def fail(message: str):
 
 
 def check_args(args: Args):
+    # Env i gets seed + i, and a resumed run new seeds past the ones used (main): the emulator takes 32-bit seeds.
+    last_env_seed = args.seed + max(args.total_timesteps, 0) + args.num_envs
+    if args.seed < 0 or last_env_seed >= 2**31:
+        fail(f"--seed {args.seed}: the run's env seeds, up to {last_env_seed:,}, must lie in [0, 2**31)")
+    if not 0 <= args.repeat_action_probability < 1:  # at 1 no action of the agent's would ever be played
+        fail(f"--repeat-action-probability must lie in [0, 1), got {args.repeat_action_probability}")
     counts = ("num_envs", "buffer_size", "batch_size", "total_timesteps", "train_frequency")
     for name in (*counts, "target_network_frequency", "eval_episodes", "max_episode_steps"):
         if getattr(args, name) < 1:

@@ -320,6 +320,8 @@ def fail(message: str):
 
 
 def check_args(args: Args):
+    if not 0 <= args.seed < 2**32:  # what numpy's seed takes
+        fail(f"--seed must lie in [0, 2**32), got {args.seed}")
     if min(args.num_envs, args.num_steps, args.num_minibatches, args.update_epochs) < 1:
         fail("--num-envs, --num-steps, --num-minibatches and --update-epochs must be positive")
     if args.batch_size % args.num_minibatches != 0:

@@ -303,7 +303,9 @@ def main(args: Args):
     keep_freed_memory()
     autocast = torch.autocast(device.type, torch.bfloat16, enabled=args.mixed_precision == "bf16")
 
-    run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    # The run is named after the game it plays: an evaluation's is the saved model's.
+    env_id = load_model(args.eval_checkpoint, device)[1]["env_id"] if args.eval_checkpoint else args.env_id
+    run_name = f"{env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     if args.eval_checkpoint is not None:  # no training: play the saved model's games
         writer = start_logging(args, run_name, None)
         run_evaluation(args, device, writer, run_name)
@@ -466,6 +468,12 @@ def fail(message: str):
 
 
 def check_args(args: Args):
+    # Env i gets seed + i, and a resumed run new seeds past the ones used (main): the emulator takes 32-bit seeds.
+    last_env_seed = args.seed + (max(args.num_iterations, 1) + 1) * args.num_envs
+    if args.seed < 0 or last_env_seed >= 2**31:
+        fail(f"--seed {args.seed}: the run's env seeds, up to {last_env_seed:,}, must lie in [0, 2**31)")
+    if not 0 <= args.repeat_action_probability < 1:  # at 1 no action of the agent's would ever be played
+        fail(f"--repeat-action-probability must lie in [0, 1), got {args.repeat_action_probability}")
     if min(args.num_envs, args.num_steps, args.num_minibatches, args.update_epochs, args.eval_episodes) < 1:
         fail("--num-envs, --num-steps, --num-minibatches, --update-epochs and --eval-episodes must be positive")
     if args.batch_size % args.num_minibatches != 0:

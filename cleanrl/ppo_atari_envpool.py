@@ -239,6 +239,13 @@ def compute_gae(rewards, values, dones, next_value, gamma: float, gae_lambda: fl
     return advantages, advantages + values
 
 
+def time_limit_cuts(truncated, info: dict, lives_before):
+    """Where the time limit cut a learning episode that would have gone on: the steps to bootstrap. envpool also
+    flags the time limit on a step that ended the game or lost a life, which ends the learning episode anyway:
+    nothing to bootstrap there. lives_before: each env's lives before the step."""
+    return truncated & ~info["terminated"].astype(bool) & (info["lives"] >= lives_before)
+
+
 def bootstrap_truncations(rewards, values, truncations, next_value, gamma: float):
     """A time limit is not a death: a truncated step's reward gains gamma * V(its last observation), which envpool
     returns at that step: values[t + 1] (next_value after the last step), so no extra forward pass is needed."""
@@ -307,7 +314,9 @@ def main(args: Args):
     keep_freed_memory()
     autocast = torch.autocast(device.type, torch.bfloat16, enabled=args.mixed_precision == "bf16")
 
-    run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    # The run is named after the game it plays: an evaluation's is the saved model's.
+    env_id = load_model(args.eval_checkpoint, device)[1]["env_id"] if args.eval_checkpoint else args.env_id
+    run_name = f"{env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     if args.eval_checkpoint is not None:  # no training: play the saved model's games
         writer = start_logging(args, run_name, None)
         run_evaluation(args, device, writer, run_name)
@@ -346,8 +355,8 @@ def main(args: Args):
         env0_games = checkpoint["env0_games"]  # the games env 0 finished: videos go on numbering from there
         recent_returns.extend(checkpoint["recent_returns"])  # for the progress lines only
 
-    next_obs_np, _ = envs.reset()
-    next_obs = torch.from_numpy(next_obs_np).to(device)
+    next_obs_np, info = envs.reset()
+    next_obs, lives = torch.from_numpy(next_obs_np).to(device), info["lives"]
     episode_stats = EpisodeStatistics(args.num_envs)
     progress = Progress(args.num_iterations * args.batch_size, args.progress_interval)
     video = VideoRecorder(f"videos/{run_name}", args.env_id, env_seed, args, env0_games) if args.capture_video else None
@@ -376,8 +385,8 @@ def main(args: Args):
             # the cost of losing a life visible to the agent.
             rewards[step] = torch.from_numpy(reward).to(device)  # clipped by envpool
             dones[step] = torch.from_numpy(terminated | truncated).to(device)
-            # A game that ends on its last allowed step is flagged truncated too: it is over, nothing to bootstrap.
-            truncations[step] = torch.from_numpy(truncated & ~info["terminated"].astype(bool)).to(device)
+            truncations[step] = torch.from_numpy(time_limit_cuts(truncated, info, lives)).to(device)
+            lives = info["lives"]
             next_obs = torch.from_numpy(next_obs_np).to(device)
 
             if video is not None:
@@ -464,6 +473,12 @@ def fail(message: str):
 
 
 def check_args(args: Args):
+    # Env i gets seed + i, and a resumed run new seeds past the ones used (main): the emulator takes 32-bit seeds.
+    last_env_seed = args.seed + (max(args.num_iterations, 1) + 1) * args.num_envs
+    if args.seed < 0 or last_env_seed >= 2**31:
+        fail(f"--seed {args.seed}: the run's env seeds, up to {last_env_seed:,}, must lie in [0, 2**31)")
+    if not 0 <= args.repeat_action_probability < 1:  # at 1 no action of the agent's would ever be played
+        fail(f"--repeat-action-probability must lie in [0, 1), got {args.repeat_action_probability}")
     if min(args.num_envs, args.num_steps, args.num_minibatches, args.update_epochs, args.eval_episodes) < 1:
         fail("--num-envs, --num-steps, --num-minibatches, --update-epochs and --eval-episodes must be positive")
     if args.num_steps < 2:  # a one-step rollout of envs that all sit on a reset step has nothing to learn from

@@ -201,15 +201,16 @@ class EnvState(NamedTuple):
     obs: jax.Array  # (num_envs, 4, 84, 84) uint8: the observation to act on
     reset_next: jax.Array  # (num_envs,) bool: the last step ended an episode, so the next is a reset step
     episode: EpisodeStatistics
+    lives: jax.Array  # (num_envs,) int32: each game's lives before the next step
 
 
 def start_envs(envs) -> tuple[EnvState, Any]:
     """The first state of an envpool's compiled rollout, and its XLA step."""
     handle, _, _, env_step = envs.xla()
-    obs, _ = envs.reset()
+    obs, info = envs.reset()
     n = len(obs)
     episode = EpisodeStatistics(np.zeros(n, np.float32), np.zeros(n, np.int32))
-    return EnvState(handle, obs, np.zeros(n, bool), episode), env_step
+    return EnvState(handle, obs, np.zeros(n, bool), episode, info["lives"]), env_step
 
 
 # ---------------------------------------------------------------------------------------------
@@ -323,7 +324,7 @@ class Transitions(NamedTuple):
     values: jax.Array
     rewards: jax.Array  # clipped: what the agent learns from
     dones: jax.Array  # the step ended the learning episode: a lost life, a game over or the time limit
-    truncations: jax.Array  # the step reached the time limit with the game still on: bootstrap it
+    truncations: jax.Array  # the time limit cut the learning episode (no life lost, no game over): bootstrap it
     played: jax.Array  # False at envpool's reset steps, which never enter the update
     game_over: jax.Array  # for the statistics: a game ended at this step, with this return and length
     episodic_returns: jax.Array
@@ -343,16 +344,20 @@ def rollout(agent: Agent, env_step, params, env_state: EnvState, key, num_steps:
         game_over = info["terminated"].astype(bool) | truncated
         episode, finished = update_episode_statistics(env_state.episode, info["reward"], game_over, played)
         done = terminated | truncated
-        # envpool also flags the time limit on a game that ended on its last allowed step: nothing to bootstrap.
-        truncated_alive = truncated & ~info["terminated"].astype(bool)
-        transition = Transitions(
-            env_state.obs, action, logprob, value, reward, done, truncated_alive, played, *finished
-        )
-        return EnvState(handle, next_obs, done, episode), transition
+        cut = time_limit_cuts(truncated, info, env_state.lives)
+        transition = Transitions(env_state.obs, action, logprob, value, reward, done, cut, played, *finished)
+        return EnvState(handle, next_obs, done, episode, info["lives"]), transition
 
     env_state, transitions = jax.lax.scan(step, env_state, jax.random.split(key, num_steps))
     next_value = agent.apply(params, env_state.obs, method=Agent.get_value)
     return env_state, transitions, next_value
+
+
+def time_limit_cuts(truncated, info: dict, lives_before):
+    """Where the time limit cut a learning episode that would have gone on: the steps to bootstrap. envpool also
+    flags the time limit on a step that ended the game or lost a life, which ends the learning episode anyway:
+    nothing to bootstrap there. lives_before: each env's lives before the step."""
+    return truncated & ~info["terminated"].astype(bool) & (info["lives"] >= lives_before)
 
 
 def bootstrap_truncations(rewards, values, truncations, next_value, gamma: float):
@@ -524,7 +529,9 @@ def main(args: Args):
     is_main = jax.process_index() == 0  # logging is process 0's job; every process trains
     device = jax.local_devices()[0]
 
-    run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    # The run is named after the game it plays: an evaluation's is the saved model's.
+    env_id = load_model(args.eval_checkpoint, device)[1]["env_id"] if args.eval_checkpoint else args.env_id
+    run_name = f"{env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     if args.eval_checkpoint is not None:  # no training: play the saved model's games
         if is_main:
             writer = start_logging(args, run_name, None)
@@ -711,6 +718,12 @@ def fail(message: str):
 
 
 def check_args(args: Args):
+    # Env i gets seed + i, and a resumed run new seeds past the ones used (main): the emulator takes 32-bit seeds.
+    last_env_seed = args.seed + (max(args.num_iterations, 1) + 1) * args.num_envs
+    if args.seed < 0 or last_env_seed >= 2**31:
+        fail(f"--seed {args.seed}: the run's env seeds, up to {last_env_seed:,}, must lie in [0, 2**31)")
+    if not 0 <= args.repeat_action_probability < 1:  # at 1 no action of the agent's would ever be played
+        fail(f"--repeat-action-probability must lie in [0, 1), got {args.repeat_action_probability}")
     if min(args.num_envs, args.num_steps, args.num_minibatches, args.update_epochs, args.eval_episodes) < 1:
         fail("--num-envs, --num-steps, --num-minibatches, --update-epochs and --eval-episodes must be positive")
     if args.num_envs % args.num_devices != 0:

@@ -407,15 +407,18 @@ def main(args: Args):
     keep_freed_memory()
     autocast = torch.autocast(device.type, torch.bfloat16, enabled=args.mixed_precision == "bf16")
 
-    run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     if args.eval_checkpoint is not None and rank > 0:  # rank 0 alone plays the saved model's games
         return
+    # The run is named after the game it plays: an evaluation's is the saved model's.
+    env_id = load_model(args.eval_checkpoint, device)[1]["env_id"] if args.eval_checkpoint else args.env_id
+    run_name = f"{env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     if args.eval_checkpoint is not None:  # no training: play the saved model's games
         writer = start_logging(args, run_name, None)
         run_evaluation(args, device, writer, run_name)
         writer.close()
         return
     backend = start_process_group(args, rank, device)
+    check_same_arguments(args)
     checkpoint, run_name, run_lock = read_checkpoint_on_rank_0(args, rank, run_name)
     checkpoint_folder = f"runs/{run_name}/checkpoints"
     writer = start_logging(args, run_name, checkpoint) if rank == 0 else Silent()  # rank 0 logs the job
@@ -601,7 +604,7 @@ def process_device(args: Args, local_rank: int) -> torch.device:
     if not (torch.cuda.is_available() and args.cuda):
         return torch.device("cpu")
     gpus = list(range(torch.cuda.device_count())) if args.device_ids is None else args.device_ids
-    if local_rank >= len(gpus) or gpus[local_rank] >= torch.cuda.device_count():
+    if local_rank >= len(gpus) or not 0 <= gpus[local_rank] < torch.cuda.device_count():
         gpus_here = f"this node has {torch.cuda.device_count()} GPUs"
         fail(f"(rank {os.environ.get('RANK', 0)}) LOCAL_RANK {local_rank} has no GPU: {gpus_here} (see --device-ids)")
     torch.cuda.set_device(gpus[local_rank])
@@ -627,6 +630,22 @@ def start_process_group(args: Args, rank: int, device: torch.device) -> str:
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return backend
+
+
+def check_same_arguments(args: Args):
+    """Every process must run the job's arguments. A node typed with another --ent-coef or --seed would mix
+    two losses into one gradient, or other env seeds into the job, and run to the end; another --total-timesteps
+    or --checkpoint-every would leave the processes waiting on different collective calls. Compared on every
+    rank, so all stop with the same error. Which GPUs a node uses is its own (--cuda, --device-ids), and
+    --local-num-envs counts through --num-envs."""
+    own = {name: value for name, value in vars(args).items() if name not in ("cuda", "device_ids", "local_num_envs")}
+    everyone = [None] * args.world_size
+    dist.all_gather_object(everyone, own)
+    for rank, theirs in enumerate(everyone):
+        for name, value in everyone[0].items():
+            if theirs.get(name) != value:
+                flag = f"--{name.replace('_', '-')}"
+                fail(f"rank {rank} runs with {flag} {theirs.get(name)!r}, rank 0 with {value!r}: run one command")
 
 
 def read_checkpoint_on_rank_0(args: Args, rank: int, run_name: str):
@@ -688,7 +707,8 @@ class Silent:
 def describe_job(args: Args, split: list[int], rank: int, device, backend: str, env_seed: int):
     if rank == 0:
         sizes = [f"{args.num_envs} envs", f"batch {args.batch_size}", f"minibatch {args.minibatch_size}"]
-        shares = [per_process(split, factor) for factor in (1, args.num_steps, args.num_steps / args.num_minibatches)]
+        factors = [(1, 1), (args.num_steps, 1), (args.num_steps, args.num_minibatches)]
+        shares = [per_process(split, factor, divisor) for factor, divisor in factors]
         job = ", ".join(f"{size} ({share} per process)" for size, share in zip(sizes, shares))
         print(f"world size {args.world_size}: {job}, {args.num_iterations} iterations", flush=True)
     # One write with its newline: the ranks share the output, and another rank's line could come between the two.
@@ -719,9 +739,9 @@ def in_words(world_sizes: list[int]) -> str:
     return f"{numbers}{world_sizes[-1]} process{'es' if world_sizes != [1] else ''}"
 
 
-def per_process(split: list[int], factor: float = 1) -> str:
-    """[2, 2] -> '2'; [3, 1] -> '3 + 1'."""
-    sizes = [int(envs * factor) for envs in split]
+def per_process(split: list[int], factor: int = 1, divisor: int = 1) -> str:
+    """[2, 2] -> '2'; [3, 1] -> '3 + 1'; each times factor, over divisor."""
+    sizes = [envs * factor // divisor for envs in split]
     return str(sizes[0]) if len(set(sizes)) == 1 else " + ".join(map(str, sizes))
 
 
@@ -736,7 +756,9 @@ def first_split(args: Args, checkpoint: dict | None, rank: int) -> list[int]:
     if args.env_split == "measured" and len(saved) == args.world_size:
         split = saved
     if rank == 0 and split != saved:
-        before = f"the run's {args.num_envs} environments (on {in_words([len(saved)])} before)"
+        before = (
+            f"the run's {args.num_envs} environments ({per_process(saved)} per process on {in_words([len(saved)])})"
+        )
         print(f"{before} are split over {in_words([args.world_size])}: {per_process(split)} per process")
     return split
 
@@ -824,6 +846,12 @@ def fail(message: str):
 
 
 def check_args(args: Args):
+    # Env i gets seed + i, and a resumed run new seeds past the ones used (main): the emulator takes 32-bit seeds.
+    last_env_seed = args.seed + (max(args.num_iterations, 1) + 1) * args.num_envs
+    if args.seed < 0 or last_env_seed >= 2**31:
+        fail(f"--seed {args.seed}: the run's env seeds, up to {last_env_seed:,}, must lie in [0, 2**31)")
+    if not 0 <= args.repeat_action_probability < 1:  # at 1 no action of the agent's would ever be played
+        fail(f"--repeat-action-probability must lie in [0, 1), got {args.repeat_action_probability}")
     counts = (args.num_envs, args.local_num_envs, args.num_steps, args.num_minibatches, args.update_epochs)
     if min(*counts, args.eval_episodes, args.split_every) < 1:
         fail(

@@ -379,6 +379,8 @@ def fail(message: str):
 
 
 def check_args(args: Args):
+    if not 0 <= args.seed < 2**32:  # what numpy's seed takes
+        fail(f"--seed must lie in [0, 2**32), got {args.seed}")
     if min(args.num_envs, args.num_steps, args.num_minibatches, args.update_epochs, args.eval_episodes) < 1:
         fail("--num-envs, --num-steps, --num-minibatches, --update-epochs and --eval-episodes must be positive")
     if args.batch_size % args.num_minibatches != 0:

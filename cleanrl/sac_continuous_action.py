@@ -349,6 +349,8 @@ def fail(message: str):
 
 
 def check_args(args: Args):
+    if not 0 <= args.seed < 2**32:  # what numpy's seed takes
+        fail(f"--seed must lie in [0, 2**32), got {args.seed}")
     counts = (args.total_timesteps, args.buffer_size, args.batch_size, args.policy_frequency, args.eval_episodes)
     if min(*counts, args.target_network_frequency) < 1 or args.learning_starts < 0:
         fail(

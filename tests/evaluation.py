@@ -25,7 +25,7 @@ def assert_evaluation_warns_when_emulator_settings_differ(module, tmp_path):
     """--eval-checkpoint plays under the command's sticky-action probability and time limit. When these
     are not the ones the model was trained with, its returns do not compare with the training run's, and
     the evaluation says so on stderr. One short game each time (an untrained model, games cut at 100 and
-    50 steps)."""
+    50 steps). The game is the model's whatever --env-id says, and so is the run's name."""
     script = os.path.basename(module.__file__)
     trained = ("--repeat-action-probability", "0.25", "--max-episode-steps", "100")
     save_fresh_model(
@@ -37,8 +37,12 @@ def assert_evaluation_warns_when_emulator_settings_differ(module, tmp_path):
     same = run_script(script, *evaluation, *trained, cwd=tmp_path)
     assert_evaluation_printed(same, 1)
     assert "warning: evaluating" not in same.stderr
-    other = run_script(script, *evaluation, "--max-episode-steps", "50", cwd=tmp_path)
+    model_env_id = module.Args().env_id
+    other_game = ("--env-id", model_env_id.replace("Breakout", "Pong"))
+    other = run_script(script, *evaluation, "--max-episode-steps", "50", *other_game, cwd=tmp_path)
     assert_evaluation_printed(other, 1)
+    for run_dir in run_dirs(tmp_path):
+        assert os.path.basename(run_dir).startswith(f"{model_env_id.replace('/', '_')}__"), run_dir
     assert "warning: evaluating with --repeat-action-probability 0.0; the model was trained with 0.25" in other.stderr
     assert "warning: evaluating with --max-episode-steps 50; the model was trained with 100" in other.stderr
 

@@ -115,3 +115,19 @@ def assert_rollout_dones_and_rewards(module, monkeypatch, run_main, args):
         life_losses += life_lost.sum()
         truncations += (truncated & ~terminated).sum()
     assert life_losses > 0 and truncations > 0, (life_losses, truncations)
+
+
+def assert_time_limit_cuts_only_episodes_that_go_on(module):
+    """An envpool script's time_limit_cuts on real Breakout: a step at the time limit is bootstrapped only
+    where its learning episode would go on. Playing NOOPs, Breakout loses its first life at step 24 (seed 1):
+    with a 24-step limit that step is both, and the lost life ends the learning episode (no bootstrap); a
+    20-step limit cuts a game that keeps all its lives (bootstrap)."""
+    for time_limit, lives_left, cut in ((24, 4, False), (20, 5, True)):
+        envs = module.make_envs("Breakout-v5", 1, 0.0, 1, max_episode_steps=time_limit)
+        _, info = envs.reset()
+        for _ in range(time_limit):
+            lives = info["lives"]
+            _, _, _, truncated, info = envs.step(np.zeros(1, np.int32))
+        envs.close()
+        assert truncated[0] and not info["terminated"][0] and info["lives"][0] == lives_left
+        assert module.time_limit_cuts(truncated, info, lives)[0] == cut

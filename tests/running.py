@@ -104,6 +104,18 @@ def assert_user_error(result, *fragments: str):
         assert fragment in last_line, last_line
 
 
+def assert_seeds_and_sticky_actions_are_checked(check_args, make_args):
+    """An Atari script's check_args rejects a --seed whose env seeds leave [0, 2**31) (the emulators take
+    32-bit seeds, numpy no negative one) and sticky actions with probability outside [0, 1) (at 1 the
+    agent's actions would never be played). make_args(**overrides): the script's Args as its main has
+    them when it calls check_args."""
+    assert_main_fails_with(check_args, make_args(seed=-1), "--seed -1: the run's env seeds", "[0, 2**31)")
+    assert_main_fails_with(check_args, make_args(seed=2**31 - 4), "--seed 2147483644", "[0, 2**31)")
+    for probability in (1.0, -0.25):
+        message = f"--repeat-action-probability must lie in [0, 1), got {probability}"
+        assert_main_fails_with(check_args, make_args(repeat_action_probability=probability), message)
+
+
 def assert_main_fails_with(main, args, *fragments: str):
     """main(args), called in this process, stops with a one-line `error: ...` message naming the
     problem (what `fail()` gives the shell as stderr and exit status 1). Cheaper than a subprocess

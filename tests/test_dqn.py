@@ -389,6 +389,7 @@ def test_bad_input_is_a_one_line_error(tmp_path, args, message):
 @pytest.mark.parametrize(
     "overrides, message",
     [
+        (dict(seed=-1), "--seed must lie in [0, 2**32), got -1"),
         (dict(batch_size=0), "--batch-size must be positive"),
         (dict(train_frequency=0), "--train-frequency must be positive"),
         (dict(target_network_frequency=0), "--target-network-frequency must be positive"),

@@ -31,7 +31,14 @@ from run_outputs import (
     assert_videos_show_whole_games_of_env_0,
     capped_cubic_games,
 )
-from running import assert_main_fails_with, assert_user_error, read_scalars, run_dirs, run_script
+from running import (
+    assert_main_fails_with,
+    assert_seeds_and_sticky_actions_are_checked,
+    assert_user_error,
+    read_scalars,
+    run_dirs,
+    run_script,
+)
 
 import cleanrl.dqn_atari as dqn_atari
 
@@ -392,6 +399,10 @@ def test_progress_follows_the_convention(monkeypatch):
 )
 def test_bad_input_is_a_one_line_error(tmp_path, args, message):
     assert_user_error(run_script("dqn_atari.py", *args, cwd=tmp_path, env=ONE_THREAD), message)
+
+
+def test_seeds_and_sticky_actions_out_of_range_are_one_line_errors():
+    assert_seeds_and_sticky_actions_are_checked(dqn_atari.check_args, dqn_atari.Args)
 
 
 @pytest.mark.parametrize(

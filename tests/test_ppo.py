@@ -13,7 +13,7 @@ from run_outputs import (
     assert_progress_lines_off_a_terminal,
     mp4_frames,
 )
-from running import assert_user_error, read_scalars, run_dirs, run_script
+from running import assert_main_fails_with, assert_user_error, read_scalars, run_dirs, run_script
 
 import cleanrl.ppo as ppo
 
@@ -147,6 +147,10 @@ def test_every_episode_is_logged_once_with_its_return_and_length_at_its_own_step
 )
 def test_bad_input_exits_with_a_one_line_error(tmp_path, args, fragment):
     assert_user_error(run_script("ppo.py", *args, cwd=tmp_path, timeout=120), fragment)
+
+
+def test_a_seed_numpy_cannot_take_is_a_one_line_error():
+    assert_main_fails_with(ppo.check_args, ppo.Args(seed=-1), "--seed must lie in [0, 2**32), got -1")
 
 
 def test_short_cartpole_run_finishes_its_iterations_and_logs_every_tag(tmp_path):

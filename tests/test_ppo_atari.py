@@ -25,7 +25,7 @@ from run_outputs import (
     assert_warns_when_bf16_is_slow,
     capped_cubic_games,
 )
-from running import assert_user_error, read_scalars, run_dirs, run_script
+from running import assert_seeds_and_sticky_actions_are_checked, assert_user_error, read_scalars, run_dirs, run_script
 
 import cleanrl.ppo_atari as ppo_atari
 
@@ -261,6 +261,10 @@ def test_progress_follows_the_convention(monkeypatch):
 )
 def test_bad_input_is_a_one_line_error(tmp_path, args, message):
     assert_user_error(run_script("ppo_atari.py", *args, cwd=tmp_path), message)
+
+
+def test_seeds_and_sticky_actions_out_of_range_are_one_line_errors():
+    assert_seeds_and_sticky_actions_are_checked(ppo_atari.check_args, ppo_atari.Args)
 
 
 def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):

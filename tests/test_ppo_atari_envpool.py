@@ -12,7 +12,7 @@ from evaluation import (
     assert_evaluation_warns_when_emulator_settings_differ,
     assert_saved_model_loads_identically,
 )
-from fake_envs import recording_make_envs
+from fake_envs import assert_time_limit_cuts_only_episodes_that_go_on, recording_make_envs
 from references import assert_gae_matches_reference, assert_ppo_loss_matches_reference
 from run_outputs import (
     assert_freed_memory_is_kept,
@@ -23,7 +23,7 @@ from run_outputs import (
     assert_warns_when_bf16_is_slow,
     capped_cubic_games,
 )
-from running import assert_user_error, read_scalars, run_dirs, run_script
+from running import assert_seeds_and_sticky_actions_are_checked, assert_user_error, read_scalars, run_dirs, run_script
 
 import cleanrl.ppo_atari_envpool as ppo_envpool
 
@@ -59,6 +59,10 @@ def test_a_truncated_step_bootstraps_from_the_value_of_the_observation_stored_af
     dones = truncations
     advantages, _ = ppo_envpool.compute_gae(bootstrapped, values, dones, next_value, 0.5, 0.95)
     torch.testing.assert_close(advantages[0, 0], torch.tensor(1.0 + 0.5 * 0.2 - 0.5))
+
+
+def test_the_time_limit_is_bootstrapped_only_where_the_learning_episode_goes_on():
+    assert_time_limit_cuts_only_episodes_that_go_on(ppo_envpool)
 
 
 def test_minibatches_hold_every_played_step_once_and_no_reset_step():
@@ -322,6 +326,10 @@ def test_progress_follows_the_convention(monkeypatch):
 )
 def test_bad_input_is_a_one_line_error(tmp_path, args, message):
     assert_user_error(run_script(SCRIPT, *args, cwd=tmp_path), message)
+
+
+def test_seeds_and_sticky_actions_out_of_range_are_one_line_errors():
+    assert_seeds_and_sticky_actions_are_checked(ppo_envpool.check_args, ppo_envpool.Args)
 
 
 def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):

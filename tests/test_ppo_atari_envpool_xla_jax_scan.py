@@ -22,6 +22,7 @@ from evaluation import (
     assert_evaluation_warns_when_emulator_settings_differ,
     assert_tracked_evaluation_logs_under_the_models_env,
 )
+from fake_envs import assert_time_limit_cuts_only_episodes_that_go_on
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 from references import assert_gae_matches_reference
@@ -31,7 +32,14 @@ from run_outputs import (
     assert_short_atari_run_logged,
     mp4_frames,
 )
-from running import REPO_ROOT, assert_user_error, read_scalars, run_dirs, run_script
+from running import (
+    REPO_ROOT,
+    assert_seeds_and_sticky_actions_are_checked,
+    assert_user_error,
+    read_scalars,
+    run_dirs,
+    run_script,
+)
 
 import cleanrl.ppo_atari_envpool_xla_jax_scan as ppo_jax
 
@@ -255,12 +263,13 @@ def test_compiled_rollout_equals_a_python_replay_of_its_actions_including_trunca
     params = ppo_jax.init_params(agent, jax.random.key(0))
     envs = ppo_jax.make_envs("Breakout-v5", num_envs, 0.0, seed, max_episode_steps=time_limit)
     handle, _, _, env_step = envs.xla()
-    obs, _ = envs.reset()
+    obs, info = envs.reset()
     state = ppo_jax.EnvState(
         handle,
         obs,
         np.zeros(num_envs, bool),
         ppo_jax.EpisodeStatistics(np.zeros(num_envs, np.float32), np.zeros(num_envs, np.int32)),
+        info["lives"],
     )
     play = jax.jit(partial(ppo_jax.rollout, agent, env_step, num_steps=100))
     chunks = []
@@ -274,15 +283,17 @@ def test_compiled_rollout_equals_a_python_replay_of_its_actions_including_trunca
     ]
 
     replay = ppo_jax.make_envs("Breakout-v5", num_envs, 0.0, seed, max_episode_steps=time_limit)
-    obs, _ = replay.reset()
+    obs, info = replay.reset()
     returns, lengths = np.zeros(num_envs), np.zeros(num_envs, int)
     reset_step = np.zeros(num_envs, bool)
     replayed_games, truncated_games, game_overs = [], 0, 0
     for s in range(len(t.actions)):
         np.testing.assert_array_equal(t.obs[s], obs)
         np.testing.assert_array_equal(t.played[s], ~reset_step)
+        lives = info["lives"]
         obs, reward, terminated, truncated, info = replay.step(t.actions[s])
         np.testing.assert_array_equal(t.rewards[s], reward)
+        np.testing.assert_array_equal(t.truncations[s], ppo_jax.time_limit_cuts(truncated, info, lives))
         returns += info["reward"]
         lengths += ~reset_step
         for i in np.flatnonzero(info["terminated"].astype(bool) | truncated):
@@ -295,6 +306,10 @@ def test_compiled_rollout_equals_a_python_replay_of_its_actions_including_trunca
     replay.close()
     assert compiled_games == replayed_games
     assert truncated_games >= 1 and game_overs >= 1, (truncated_games, game_overs)
+
+
+def test_the_time_limit_is_bootstrapped_only_where_the_learning_episode_goes_on():
+    assert_time_limit_cuts_only_episodes_that_go_on(ppo_jax)
 
 
 def test_the_video_shadow_env_plays_the_same_game_as_the_env_it_records():
@@ -476,7 +491,7 @@ def test_an_evaluation_under_track_with_videos_reaches_wandb(short_run, tmp_path
         SCRIPT,
         model_path,
         "Breakout-v5",
-        "Breakout-v5",
+        "Pong-v5",
         folder,
         "--eval-episodes",
         "1",
@@ -522,6 +537,12 @@ def test_bf16_training_run_gives_finite_losses(tmp_path):
 )
 def test_bad_input_is_a_one_line_error(tmp_path, args, message):
     assert_user_error(run_script(SCRIPT, *args, cwd=tmp_path), message)
+
+
+def test_seeds_and_sticky_actions_out_of_range_are_one_line_errors():
+    assert_seeds_and_sticky_actions_are_checked(
+        ppo_jax.check_args, lambda **overrides: ppo_jax.Args(num_devices=1, **overrides)
+    )
 
 
 def test_num_envs_that_does_not_split_over_the_devices_is_a_one_line_error(tmp_path):

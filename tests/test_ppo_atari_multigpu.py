@@ -32,6 +32,7 @@ from run_outputs import (
 from running import (
     REPO_ROOT,
     assert_main_fails_with,
+    assert_seeds_and_sticky_actions_are_checked,
     assert_user_error,
     free_port,
     rank_lines,
@@ -457,7 +458,10 @@ def test_resume_with_another_world_size_resplits_the_batch_and_continues_the_ste
     assert all(
         int(state["step"]) == 12 * 2 for state in torch.load(last, weights_only=True)["optimizer"]["state"].values()
     )
-    assert "the run's 4 environments (on 2 processes before) are split over 1 process: 4 per process" in result.stdout
+    assert (
+        "the run's 4 environments (2 per process on 2 processes) are split over 1 process: 4 per process"
+        in result.stdout
+    )
     assert "world size 1: 4 envs (4 per process), batch 128" in result.stdout
     assert "finished 12 iterations, 1536 steps" in result.stdout
     (run_dir,) = run_dirs(tmp_path)
@@ -476,13 +480,13 @@ def test_resume_with_another_world_size_resplits_the_batch_and_continues_the_ste
 # ---------------------------------------------------------------------------------------------
 # Two nodes on one machine
 # ---------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def two_node_bf16_run(tmp_path_factory):
+def two_nodes(tmp_path_factory, args_of_node: list[list[str]], timeout: float = 180):
     """Two torchrun launches of one process each, --nnodes=2 with a static master on 127.0.0.1, each in a
-    folder of its own as on separate machines; bf16 autocast; --target-kl (an all-reduced KL) on."""
+    folder of its own as on separate machines, node i with the arguments args_of_node[i]; returns
+    (merged output, exit code, folder) of each."""
     port = free_port()
     launches = []
-    for node_rank in (0, 1):
+    for node_rank, args in enumerate(args_of_node):
         cwd = tmp_path_factory.mktemp(f"node{node_rank}")
         command = [
             TORCHRUN,
@@ -492,18 +496,17 @@ def two_node_bf16_run(tmp_path_factory):
             "--master-addr=127.0.0.1",
             f"--master-port={port}",
             os.path.join(REPO_ROOT, "cleanrl", SCRIPT),
-            *SMALL,
-            "--total-timesteps",
-            str(3 * ITERATION),
-            "--mixed-precision",
-            "bf16",
-            "--target-kl",
-            "0.0",
-            "--progress-interval",
-            "0",
+            *args,
         ]
         launches.append((start(command, cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT), cwd))
-    return wait_all(launches, timeout=180)
+    return wait_all(launches, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def two_node_bf16_run(tmp_path_factory):
+    """Two nodes of one process each; bf16 autocast; --target-kl (an all-reduced KL) on."""
+    args = [*SMALL, "--total-timesteps", str(3 * ITERATION), "--mixed-precision", "bf16", "--target-kl", "0.0"]
+    return two_nodes(tmp_path_factory, [[*args, "--progress-interval", "0"]] * 2)
 
 
 def test_two_nodes_of_one_process_train_as_one_job(two_node_bf16_run):
@@ -530,6 +533,24 @@ def test_bf16_run_gives_finite_losses(two_node_bf16_run):
     scalars = read_scalars(run_dirs(cwd0)[0])
     for tag in ["losses/value_loss", "losses/policy_loss", "losses/approx_kl"]:
         assert all(np.isfinite(value) for _, value in scalars[tag]), tag
+
+
+@pytest.mark.parametrize(
+    "node1_args, message",
+    [
+        (["--ent-coef", "0.5"], "rank 1 runs with --ent-coef 0.5, rank 0 with 0.01: run one command"),
+        # another number of collective calls: without the check, both nodes wait at the first checkpoint
+        (["--checkpoint-every", "1"], "rank 1 runs with --checkpoint-every 1, rank 0 with 0: run one command"),
+    ],
+    ids=["a learning argument", "the checkpoints"],
+)
+def test_nodes_started_with_other_arguments_stop_with_one_error_line(tmp_path_factory, node1_args, message):
+    args = [*SMALL, "--total-timesteps", str(3 * ITERATION)]
+    (output0, rc0, cwd0), (output1, rc1, _) = two_nodes(tmp_path_factory, [args, [*args, *node1_args]], timeout=120)
+    assert rc0 != 0 and rc1 != 0, output0 + output1
+    assert f"error: {message}" in output0, output0
+    assert len(re.findall(r"^error: ", output0 + output1, re.MULTILINE)) == 1, output0 + output1
+    assert not (cwd0 / "runs").exists()  # stopped before anything was logged
 
 
 # ---------------------------------------------------------------------------------------------
@@ -812,6 +833,12 @@ def test_nodes_that_join_and_leave_an_elastic_job(tmp_path):
 )
 def test_bad_input_is_a_one_line_error(tmp_path, args, message):
     assert_user_error(run_script(SCRIPT, *args, cwd=tmp_path, timeout=120), message)
+
+
+def test_seeds_and_sticky_actions_out_of_range_are_one_line_errors():
+    assert_seeds_and_sticky_actions_are_checked(
+        multigpu.check_args, lambda **overrides: multigpu.Args(num_envs=8, world_size=1, **overrides)
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")

@@ -396,6 +396,7 @@ def test_bad_input_from_the_command_line_is_a_one_line_error_without_traceback(t
         (dict(num_envs=0), "must be positive"),
         (dict(eval_episodes=0), "must be positive"),
         (dict(eval_checkpoint="missing.cleanrl_model"), "does not exist"),
+        (dict(seed=-1), "--seed must lie in [0, 2**32), got -1"),
     ],
     ids=[
         "unknown-env-id",
@@ -407,6 +408,7 @@ def test_bad_input_from_the_command_line_is_a_one_line_error_without_traceback(t
         "no-envs",
         "no-eval-episodes",
         "missing-checkpoint",
+        "negative-seed",
     ],
 )
 def test_bad_input_is_a_one_line_error(tmp_path, monkeypatch, overrides, fragment):

@@ -496,6 +496,7 @@ def test_bad_input_from_the_command_line_is_a_one_line_error_without_traceback(t
         (dict(learning_starts=-1), "at least 0"),
         (dict(tau=0.0), "tau"),
         (dict(eval_checkpoint="missing.cleanrl_model"), "does not exist"),
+        (dict(seed=2**32), "--seed must lie in [0, 2**32), got 4294967296"),
     ],
     ids=[
         "unknown-env-id",
@@ -507,6 +508,7 @@ def test_bad_input_from_the_command_line_is_a_one_line_error_without_traceback(t
         "negative-learning-starts",
         "tau-zero",
         "missing-checkpoint",
+        "seed-beyond-numpy",
     ],
 )
 def test_bad_input_is_a_one_line_error(tmp_path, monkeypatch, overrides, fragment):
