@@ -112,7 +112,7 @@ class Args:
 
     # Scale-out
     coordinator_address: str | None = None
-    """multi-host: `host:port` of process 0 (default: $JAX_COORDINATOR_ADDRESS; neither: one host)"""
+    """multi-host: `host:port` of process 0 (default: $JAX_COORDINATOR_ADDRESS, Slurm's under srun; else one host)"""
     num_processes: int | None = None
     """multi-host: the number of processes (default: $JAX_NUM_PROCESSES, or cluster detection)"""
     process_id: int | None = None
@@ -691,11 +691,14 @@ def main(args: Args):
 
 
 def join_hosts(args: Args):
-    """Several hosts: every process runs this script; jax.distributed joins their devices into one job."""
+    """Several hosts: every process runs this script; jax.distributed joins their devices into one job. Under
+    `srun` with several tasks JAX reads the coordinator and each process's place from Slurm's variables:
+    without this, each task would train a job of its own, all on the same seeds."""
     coordinator_address = args.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
     if not coordinator_address and (args.num_processes is not None or args.process_id is not None):
         fail("--num-processes and --process-id need --coordinator-address (or $JAX_COORDINATOR_ADDRESS)")
-    if coordinator_address:
+    slurm_tasks = os.environ.get("SLURM_STEP_NUM_TASKS", "1")  # set by srun: this step's processes
+    if coordinator_address or (slurm_tasks.isdigit() and int(slurm_tasks) > 1):
         env_int = lambda name: int(os.environ[name]) if name in os.environ else None
         num_processes = args.num_processes if args.num_processes is not None else env_int("JAX_NUM_PROCESSES")
         process_id = args.process_id if args.process_id is not None else env_int("JAX_PROCESS_ID")

@@ -36,9 +36,11 @@ from running import (
     REPO_ROOT,
     assert_seeds_and_sticky_actions_are_checked,
     assert_user_error,
+    free_port,
     read_scalars,
     run_dirs,
     run_script,
+    wait_all,
 )
 
 import cleanrl.ppo_atari_envpool_xla_jax_scan as ppo_jax
@@ -468,6 +470,38 @@ def test_two_devices_hold_identical_parameters(short_run):
     assert result.returncode == 0, result.stderr
     digests = re.search(r"parameters sha256 per device (\w+) (\w+)\n", result.stdout).groups()
     assert digests[0] == digests[1]
+
+
+def test_two_hosts_of_one_device_train_the_job_of_one_host_with_two_devices(short_run, tmp_path):
+    # Two processes on loopback, each in a folder of its own as on two machines: jax.distributed joins
+    # their devices into one job, which must be short_run's job of two devices, bit for bit.
+    cwd, result = short_run
+    one_host = re.search(r"parameters sha256 per device (\w+) (\w+)\n", result.stdout).groups()
+    coordinator = ["--coordinator-address", f"127.0.0.1:{free_port()}", "--num-processes", "2"]
+    launches = []
+    for process_id in (0, 1):
+        folder = tmp_path / f"host{process_id}"
+        folder.mkdir()
+        command = [sys.executable, os.path.join(REPO_ROOT, "cleanrl", SCRIPT), *SHORT_RUN, *coordinator]
+        process = subprocess.Popen(
+            [*command, "--process-id", str(process_id)],
+            cwd=folder,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        launches.append((process, folder))
+    (output0, rc0, host0), (output1, rc1, host1) = wait_all(launches, timeout=300)
+    assert rc0 == 0 and rc1 == 0, output0 + output1
+    assert "2 cpu device(s) on 2 process(es): 2 envs (1 per device), batch 128" in output0
+    assert "finished 4 iterations, 512 steps" in output0 and "finished" not in output1
+    digests = [
+        re.search(rf"process {i}: parameters sha256 per device (\w+)\n", output)[1]
+        for i, output in enumerate((output0, output1))
+    ]
+    assert digests == list(one_host), (digests, one_host)
+    assert len(run_dirs(host0)) == 1 and not run_dirs(host1)  # process 0 logs the job
 
 
 def test_save_then_evaluate_round_trip(short_run):

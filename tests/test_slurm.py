@@ -5,6 +5,7 @@ are where they should be. (tests/test_run.py checks the rendered script with a f
 
 import os
 import re
+import subprocess
 import sys
 
 import optuna
@@ -113,3 +114,23 @@ def test_tune_py_submits_tuners_that_share_one_study_through_a_journal_file(slur
         (run_dir,) = (tmp_path / "runs").glob(f"CartPole-v1__ppo-CartPole-v1-trial{trial.number}__1__*")
         assert list(run_dir.glob("events.out.tfevents*"))
     assert (tmp_path / "logs" / f"tune-ppo-CartPole-v1-{job}_0.out").exists()
+
+
+def test_the_jax_script_under_srun_with_two_tasks_trains_one_job_of_two_processes(slurm, tmp_path):
+    # No coordinator flag: JAX reads the coordinator and each process's place from Slurm's variables.
+    script = os.path.join(REPO_ROOT, "cleanrl", "ppo_atari_envpool_xla_jax_scan.py")
+    short = ["--num-envs", "2", "--num-steps", "32", "--total-timesteps", "128", "--progress-interval", "0"]
+    srun = ["srun", "--ntasks", "2", "--cpus-per-task", "1", "--time", "10:00", "--label"]
+    result = subprocess.run(
+        [*srun, sys.executable, script, *short],
+        cwd=tmp_path,
+        env={**os.environ, **slurm, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0: 2 cpu device(s) on 2 process(es): 2 envs (1 per device)" in result.stdout, result.stdout
+    digests = dict(re.findall(r"^(\d): process \1: parameters sha256 per device (\w+)$", result.stdout, re.M))
+    assert set(digests) == {"0", "1"} and digests["0"] == digests["1"], result.stdout
+    assert len(list((tmp_path / "runs").iterdir())) == 1  # one job, logged by process 0
