@@ -670,9 +670,11 @@ def read_checkpoint_on_rank_0(args: Args, rank: int, run_name: str):
 
 def restore_random_streams(streams: list[dict], args: Args, iteration: int, rank: int, device: torch.device):
     """Each rank goes on with its own random streams; on another world size the old ranks' streams do not
-    map onto the new ones, and each rank starts a fresh stream of its own."""
+    map onto the new ones, and each rank starts a fresh stream of its own. Its seed mixes the run's seed, the
+    iteration and the rank: a sum such as seed + iteration * world_size + rank would hand a rank the stream
+    another rank started with (seed + rank) or had at an earlier resume."""
     if len(streams) != args.world_size:
-        torch.manual_seed(args.seed + iteration * args.world_size + rank)
+        torch.manual_seed(int(np.random.SeedSequence([args.seed, iteration, rank]).generate_state(1)[0]))
         return
     torch.set_rng_state(streams[rank]["torch"])
     if device.type == "cuda" and streams[rank]["cuda"] is not None:
