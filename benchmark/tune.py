@@ -62,6 +62,7 @@ REPO_ROOT = os.path.dirname(BENCHMARK_DIR)
 STUDY_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]|_(?!_))*$")  # no "__": it separates a run name's parts
 SET_BY_THE_TUNER = ("env-id", "seed", "exp-name")
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+MAX_RETRY = 1  # a trial failed by an interrupt or a lost heartbeat is queued again this many times
 # What a study remembers of the command that made it: a tuner with another one stops instead of mixing them.
 DEFINITION = ("command", "env_ids", "seeds", "window", "score_ranges")
 fail = runner.fail
@@ -136,9 +137,13 @@ def script_flags(tokens: list[str]) -> dict[str, Flag]:
 
 def number(text: str, what: str) -> float:
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         fail(f"{what}: {text!r} is not a number")
+    # float() takes inf and nan: Optuna cannot sample up to inf, and a score range to inf makes every objective 0
+    if not math.isfinite(value):
+        fail(f"{what}: {text!r} is not a finite number")
+    return value
 
 
 @dataclass
@@ -334,7 +339,7 @@ def open_storage(url: str, heartbeat_interval: int):
     """The storage of --storage, with heartbeats on and a dead tuner's trial retried once: a URL
     (sqlite:///FILE, postgresql://..., mysql://...) is Optuna's RDB storage, anything else
     (journal:PATH or PATH) a journal file."""
-    retry = RetryHeartbeatStaleTrialCallback(max_retry=1)
+    retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)
     grace = 2 * heartbeat_interval
     if is_journal(url):
         path = journal_path(url)
@@ -369,18 +374,27 @@ def open_storage(url: str, heartbeat_interval: int):
 # ---------------------------------------------------------------------------------------------
 class Returns:
     """A run's episodic returns (charts/episodic_return) and the last step it logged, read from its
-    TensorBoard events as the script writes them."""
+    TensorBoard events as the script writes them. Made before the run starts: its directory is the one
+    that appears after that."""
 
     def __init__(self, env_id: str, exp_name: str, seed: int):
         self.patterns = {
             f"runs/{glob.escape(env)}__{glob.escape(exp_name)}__{seed}__*" for env in (env_id, env_id.replace("/", "_"))
         }
+        # An earlier study of the same name (another --storage, a deleted database) left directories of the
+        # same run names: the first reads come before the script has made its own, and would take one of those.
+        self.earlier = {path for pattern in self.patterns for path in glob.glob(pattern)}
         self.directory, self.accumulator = None, None
         self.steps, self.values, self.last_step = np.zeros(0), np.zeros(0), 0
 
     def refresh(self):
         if self.directory is None:
-            found = sorted(path for pattern in self.patterns for path in glob.glob(pattern) if os.path.isdir(path))
+            found = sorted(
+                path
+                for pattern in self.patterns
+                for path in glob.glob(pattern)
+                if path not in self.earlier and os.path.isdir(path)
+            )
             if not found:
                 return
             self.directory = found[-1]
@@ -419,6 +433,7 @@ class Setup:
     score_ranges: dict[str, list[float]]
     report_every: int
     log_dir: str
+    total_steps: int | None  # each run's --total-timesteps (--command's or the script's default); None if tuned
 
 
 @dataclass
@@ -427,6 +442,7 @@ class TrialRuns:
     command: str  # the script command with the trial's parameters, without --exp-name, --env-id, --seed
     runs: list[runner.Run]
     returns: list[Returns]
+    total_steps: int | None  # the steps each run trains, where known: a report there is not for the pruner
     reported_step: int = 0
     last_read: float = 0.0
 
@@ -474,12 +490,20 @@ def start_trial(study: optuna.Study, storage, setup: Setup, workers: int, displa
     display.message(
         f"trial {trial.number} started{f' (a retry of trial {retried})' if retried is not None else ''}: {command}"
     )
+    total_steps = trial.params.get("total-timesteps", setup.total_steps)
     trial_runs = TrialRuns(
-        trial, command, runs, [Returns(env_id, exp_name, seed) for env_id, seed in runs_order(setup)]
+        trial,
+        command,
+        runs,
+        [Returns(env_id, exp_name, seed) for env_id, seed in runs_order(setup)],
+        int(total_steps) if total_steps is not None else None,
     )
     held = runner.lock_runs(runs, setup.log_dir)
     if held:  # a trial number is new, so only a stray process of a killed tuner can hold it
         fail(f"trial {trial.number}'s runs are held by another process: {', '.join(held)}")
+    for run in runs:
+        if kept := keep_earlier_log(run, setup.log_dir):
+            display.message(f"an earlier study's log of {run.name} is kept as {kept}")
     cores = cpu_count()
     for run in runs:
         runner.start(
@@ -487,6 +511,19 @@ def start_trial(study: optuna.Study, storage, setup: Setup, workers: int, displa
         )
         display.started(run)
     return trial_runs
+
+
+def keep_earlier_log(run: runner.Run, log_dir: str) -> str | None:
+    """Moves the log of an earlier study's run of this name (a study of the same name in another --storage,
+    or deleted and made again) to LOG_DIR/{name}__{time of its last write}.log, and returns that path. A trial
+    number runs once in a study, so a log already there is not this study's, and starting the run would
+    overwrite it: that study's output, a failed trial's traceback."""
+    path = os.path.join(log_dir, f"{run.name}.log")
+    if not os.path.exists(path):
+        return None
+    kept = os.path.join(log_dir, f"{run.name}__{int(os.path.getmtime(path))}.log")
+    os.replace(path, kept)
+    return kept
 
 
 def cpu_count() -> int:
@@ -497,7 +534,9 @@ def cpu_count() -> int:
 
 def report_progress(study: optuna.Study, setup: Setup, trial_runs: TrialRuns) -> bool:
     """Reports the objective at every --report-every step that all the trial's runs have passed;
-    returns whether the pruner wants the trial stopped."""
+    returns whether the pruner wants the trial stopped. Not asked at or past the runs' last step: they
+    have trained their whole budget (what is left, a --save-model evaluation, is not for the pruner to
+    cut), and the trial completes when they exit."""
     for run_returns in trial_runs.returns:
         run_returns.refresh()
     trial_runs.last_read = time.time()
@@ -508,7 +547,8 @@ def report_progress(study: optuna.Study, setup: Setup, trial_runs: TrialRuns) ->
         values = seed_values(setup, trial_runs, until=step)
         if values is not None:
             trial_runs.trial.report(float(np.mean(values)), step)
-            prune = trial_runs.trial.should_prune()
+            trained = trial_runs.total_steps is not None and step >= trial_runs.total_steps
+            prune = not trained and trial_runs.trial.should_prune()
         trial_runs.reported_step = step
         if prune:
             break
@@ -559,19 +599,29 @@ def complete_trial(study: optuna.Study, setup: Setup, trial_runs: TrialRuns, dis
     display.message(f"trial {trial.number} complete: {np.mean(values):.4g} ± {np.std(values):.2g} over seeds")
 
 
-def interrupt_trials(study: optuna.Study, active: list[TrialRuns], stop_timeout: float, display):
-    """Ctrl-C, SIGTERM: the runs stopped, each trial failed and queued again once, as for a dead tuner."""
+def interrupt_trials(study: optuna.Study, active: list[TrialRuns], stop_timeout: float, display) -> list[str]:
+    """Ctrl-C, SIGTERM: the runs stopped, each trial failed and queued again once, as for a dead tuner (a
+    trial that is itself a retry is not queued again). Returns what became of each trial, for the message."""
     running = [run for trial_runs in active for run in trial_runs.runs if run.state == "running"]
     if running:
         runner.stop(running, stop_timeout, display)
-    retry = RetryHeartbeatStaleTrialCallback(max_retry=1)
+    retry, outcomes = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY), []
     for trial_runs in active:
+        number = trial_runs.trial.number
         for run in trial_runs.runs:
             run.lock.close()
         if finished_elsewhere(study, trial_runs):
+            outcomes.append(f"{number} (failed before by another tuner)")
             continue
-        # no "error" attribute: the retry gets a copy of the trial's attributes
-        retry(study, study.tell(trial_runs.trial, state=TrialState.FAIL))
+        # no "error" attribute: the retry gets a copy of the trial's attributes, and neither counts as a failure
+        failed = study.tell(trial_runs.trial, state=TrialState.FAIL)
+        history = RetryHeartbeatStaleTrialCallback.retry_history(failed)
+        retry(study, failed)  # queues it unless it was retried MAX_RETRY times already
+        if len(history) < MAX_RETRY:
+            outcomes.append(f"{number} (failed, and queued to run again)")
+        else:
+            outcomes.append(f"{number} (failed; a retry of trial {history[0]}, not queued again)")
+    return outcomes
 
 
 def finished_elsewhere(study: optuna.Study, trial_runs: TrialRuns) -> bool:
@@ -598,6 +648,14 @@ def counts(study: optuna.Study) -> dict[TrialState, int]:
     return {state: sum(trial.state == state for trial in trials) for state in TrialState}
 
 
+def failures(study: optuna.Study) -> int:
+    """The trials that failed of themselves: a run exited non-zero or finished no game (their "error"
+    attribute). Not those failed by an interrupt or a lost heartbeat: they say nothing of the command,
+    and their retries are queued."""
+    trials = study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+    return sum("error" in trial.user_attrs for trial in trials)
+
+
 def work(study: optuna.Study, storage, setup: Setup, cli) -> int:
     """Runs trials, --workers at a time, until the study has --n-trials finished ones."""
     live_runs: list[runner.Run] = []
@@ -608,26 +666,38 @@ def work(study: optuna.Study, storage, setup: Setup, cli) -> int:
     ]
     for number in stop_signals:
         signal.signal(number, runner.raise_interrupted)
+
+    def let_go(trial_runs: TrialRuns):
+        active.remove(trial_runs)
+        for run in trial_runs.runs:
+            live_runs.remove(run)
+
     last_beat = last_count = 0.0
     try:
         while True:
             now = time.time()
             if now - last_beat >= cli.heartbeat_interval / 2:
-                for trial_runs in active:
-                    storage.record_heartbeat(trial_runs.trial._trial_id)
+                for trial_runs in list(active):
+                    try:
+                        storage.record_heartbeat(trial_runs.trial._trial_id)
+                    except optuna.exceptions.UpdateFinishedTrialError:  # the journal's; an RDB storage takes it
+                        if not finished_elsewhere(study, trial_runs):
+                            raise
+                        drop_trial(trial_runs, cli.stop_timeout, display)
+                        let_go(trial_runs)
                 optuna.storages.fail_stale_trials(study)
                 last_beat = now
             if len(active) < cli.workers and now - last_count >= 1.0:
                 last_count = now
-                number = counts(study)
+                number, failed = counts(study), failures(study)
                 finished = sum(number[state] for state in FINISHED)
-                failing = number[TrialState.FAIL] >= max(cli.n_trials, 3)  # a broken command: stop sampling
+                failing = failed >= max(cli.n_trials, 3)  # a broken command: stop sampling
                 if finished >= cli.n_trials and not active:
                     display.message(f"the study has {finished} finished trials (--n-trials {cli.n_trials})")
                     return 0
                 if failing and not active:
                     print(
-                        f"error: {number[TrialState.FAIL]} trials of study {study.study_name} failed: read the logs "
+                        f"error: {failed} trials of study {study.study_name} failed: read the logs "
                         "of the last ones (their error in python benchmark/tune.py --report ...)",
                         file=sys.stderr,
                         flush=True,
@@ -662,17 +732,14 @@ def work(study: optuna.Study, storage, setup: Setup, cli) -> int:
                         if not finished_elsewhere(study, trial_runs):
                             raise
                         drop_trial(trial_runs, cli.stop_timeout, display)
-                    active.remove(trial_runs)
-                    for run in trial_runs.runs:
-                        live_runs.remove(run)
+                    let_go(trial_runs)
             display.update()
     except (KeyboardInterrupt, runner.Interrupted):
         for number in stop_signals:
             signal.signal(number, signal.SIG_DFL)
-        interrupt_trials(study, active, cli.stop_timeout, display)
-        stopped = ", ".join(str(trial_runs.trial.number) for trial_runs in active) or "none"
+        stopped = ", ".join(interrupt_trials(study, active, cli.stop_timeout, display)) or "none"
         print(
-            f"error: interrupted: stopped trial(s) {stopped} (failed, and queued to run again)",
+            f"error: interrupted: stopped trial(s) {stopped}",
             file=sys.stderr,
             flush=True,
         )
@@ -1130,13 +1197,11 @@ def make_pruner(cli):
     )
 
 
-def enqueue(study: optuna.Study, cli, params: list[Param]):
-    """--enqueue: trials with given values, once (a study continued with the same command does not
-    queue them again)."""
-    if not cli.enqueue or study.user_attrs.get("enqueued"):
-        return
-    by_name = {param.name: param for param in params}
-    for values in cli.enqueue:
+def enqueued_trials(cli, params: list[Param]) -> list[dict]:
+    """--enqueue: the values of each trial to run first, checked against the --param ranges before the
+    study is touched."""
+    by_name, trials = {param.name: param for param in params}, []
+    for values in cli.enqueue or []:
         fixed = {}
         for text in values:
             name, _, value = text.partition("=")
@@ -1153,10 +1218,32 @@ def enqueue(study: optuna.Study, cli, params: list[Param]):
                 fail(f"--enqueue {text!r}: {value} is not one of the choices of --param {name}")
             if param.kind != "choice" and not param.low <= fixed[name] <= param.high:
                 fail(f"--enqueue {text!r}: {value} is outside the range of --param {name}")
-            if param.kind == "int" or (param.kind == "log" and param.flag_kind == "int"):
+            integer = param.kind == "int" or (param.kind == "log" and param.flag_kind == "int")
+            if integer and not fixed[name].is_integer():
+                fail(f"--enqueue {text!r}: --param {name} takes whole numbers")
+            # On the grid LOW, LOW + STEP, ... that Optuna samples: it would run a value off it, and warn only
+            if param.step is not None and not on_grid(fixed[name], param.low, param.step):
+                grid = f"{param.low:g} + k x {param.step:g}"
+                fail(f"--enqueue {text!r}: {value} is not on the grid of --param {name} ({grid})")
+            if integer:
                 fixed[name] = int(fixed[name])
-        study.enqueue_trial(fixed, skip_if_exists=True)
+        trials.append(fixed)
+    return trials
+
+
+def enqueue(study: optuna.Study, trials: list[dict]):
+    """Queues the --enqueue trials once (a study continued with the same command does not queue them again)."""
+    if not trials or study.user_attrs.get("enqueued"):
+        return
+    for values in trials:
+        study.enqueue_trial(values, skip_if_exists=True)
     study.set_user_attr("enqueued", True)
+
+
+def on_grid(value: float, low: float, step: float) -> bool:
+    """Whether value is LOW + k x STEP, within the rounding that Optuna's float grid allows."""
+    k = (value - low) / step
+    return abs(k - round(k)) < 1e-8
 
 
 def load_study(cli, storage, definition: dict | None):
@@ -1231,11 +1318,13 @@ def main():
     storage = open_storage(cli.storage, cli.heartbeat_interval)
     flags = script_flags(tokens)
     check_params(params, flags, tokens, script)
+    tuned = {param.name for param in params}
+    total = total_timesteps(tokens, flags) if "total-timesteps" not in tuned else None  # else each trial's own
     if cli.report_every is None:
-        total = total_timesteps(tokens, flags)
-        if total is None or "total-timesteps" in (param.name for param in params):
+        if total is None:
             fail("give --report-every STEPS: the tuner cannot read the runs' --total-timesteps")
         cli.report_every = max(1, total // 10)
+    queued = enqueued_trials(cli, params)
     definition = {
         "command": cli.command,
         "env_ids": cli.env_ids,
@@ -1244,7 +1333,7 @@ def main():
         "score_ranges": score_ranges,
     }
     study = load_study(cli, storage, definition)
-    enqueue(study, cli, params)
+    enqueue(study, queued)
     if cli.slurm:
         sys.exit(submit_slurm(cli, parser))
     if cli.aws_batch:
@@ -1255,7 +1344,9 @@ def main():
         f"{shlex.quote(dashboard_storage(cli.storage))}",
         flush=True,
     )
-    setup = Setup(cli.command, cli.env_ids, cli.seeds, params, cli.window, score_ranges, cli.report_every, cli.log_dir)
+    setup = Setup(
+        cli.command, cli.env_ids, cli.seeds, params, cli.window, score_ranges, cli.report_every, cli.log_dir, total
+    )
     status = work(study, storage, setup, cli)
     if status == 0:
         report(study, cli)

@@ -16,13 +16,14 @@ import optuna
 import pytest
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
-from running import REPO_ROOT, assert_user_error, is_alive, run_tool, subprocess_environment
+from running import REPO_ROOT, assert_user_error, is_alive, read_scalars, run_tool, subprocess_environment
 from services import postgresql_missing, postgresql_server
 
 # RetryHeartbeatStaleTrialCallback and its helpers are "experimental" in Optuna (since 2.8).
 pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
 
 PPO = f"{sys.executable} {os.path.join(REPO_ROOT, 'cleanrl', 'ppo.py')}"
+DQN = f"{sys.executable} {os.path.join(REPO_ROOT, 'cleanrl', 'dqn.py')}"
 TINY = f"{PPO} --total-timesteps 2048"  # 4 iterations of 4 envs x 128 steps: a few seconds with start-up
 # Fast reads of the runs' events, no periodic status lines, and the returns of the last 20 games.
 QUICK = ["--window", "20", "--report-every", "512", "--read-interval", "1", "--status-interval", "1000"]
@@ -179,6 +180,103 @@ def test_sigterm_stops_the_runs_cleanly_and_queues_the_trial_again(tmp_path):
     assert trials[1].params == trials[0].params, "the same command again runs it first"
 
 
+def test_interrupted_trials_are_queued_once_say_so_and_never_make_the_tuner_give_up(tmp_path):
+    # Three tuners, each stopped by SIGTERM once its trial's run has started, then a fourth left to finish:
+    # trial 0 is queued again as trial 1; trial 1, a retry, is not; trial 2 is queued again as trial 3.
+    # Three failed trials, none of them a failure of the command: the last tuner runs trial 3.
+    arguments = ["--command", TINY, "--env-ids", "CartPole-v1", "--param", "learning-rate=log:1e-4:1e-2"]
+    arguments += ["--n-trials", "1", "--pruner", "none", *QUICK]
+    messages = []
+    for _ in range(3):
+        process = start_tuner(*arguments, cwd=tmp_path)
+        first_run_started(process)
+        time.sleep(1)  # the tuner has started the run; now it holds the trial as one of its own
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=120)[0]
+        assert process.returncode == 130, output
+        messages.append(output.strip().splitlines()[-1])
+    assert messages == [
+        "error: interrupted: stopped trial(s) 0 (failed, and queued to run again)",
+        "error: interrupted: stopped trial(s) 1 (failed; a retry of trial 0, not queued again)",
+        "error: interrupted: stopped trial(s) 2 (failed, and queued to run again)",
+    ]
+    last = tuner(*arguments, cwd=tmp_path)
+    assert last.returncode == 0, last.stdout + last.stderr
+    assert started_trials(last.stdout) == [3] and "trial 3 started (a retry of trial 2)" in last.stdout
+    trials = load_study(tmp_path).get_trials()
+    assert [trial.state for trial in trials] == [TrialState.FAIL] * 3 + [TrialState.COMPLETE]
+    assert trials[3].params == trials[2].params
+
+
+def test_a_trial_is_scored_from_its_own_run_not_from_an_earlier_study_of_the_same_name(tmp_path):
+    # The same study name in two storages, in one folder: the second study's trial 0 has the run names of
+    # the first's, and starts while the first's run directory and log are there.
+    arguments = ["--command", TINY, "--env-ids", "CartPole-v1", "--param", "learning-rate=float:0:0.01"]
+    arguments += ["--n-trials", "1", "--pruner", "none", *QUICK]
+    studies = []
+    for storage, learning_rate in (("first.db", "0.01"), ("second.db", "0")):
+        result = tuner(
+            *arguments, "--storage", f"sqlite:///{storage}", "--enqueue", f"learning-rate={learning_rate}", cwd=tmp_path
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        studies.append(load_study(tmp_path, storage=f"sqlite:///{tmp_path}/{storage}"))
+    first, second = (study.get_trials()[0] for study in studies)
+    assert second.params["learning-rate"] == 0.0 and first.params["learning-rate"] == 0.01
+    (first_dir,), (second_dir,) = first.user_attrs["run_dirs"], second.user_attrs["run_dirs"]
+    assert second_dir != first_dir, "the second study's trial took the first study's run"
+    returns = [value for _, value in read_scalars(str(tmp_path / second_dir))["charts/episodic_return"]]
+    assert second.value == pytest.approx(sum(returns[-20:]) / len(returns[-20:]))
+    # the first study's log is kept beside the second's
+    (kept,) = (tmp_path / "logs").glob("CartPole-v1__ppo-CartPole-v1-trial0__1__*.log")
+    assert kept.read_text().startswith(f"# {TINY} --learning-rate 0.01 --exp-name ")
+    log = (tmp_path / "logs" / "CartPole-v1__ppo-CartPole-v1-trial0__1.log").read_text()
+    assert log.startswith(f"# {TINY} --learning-rate 0.0 --exp-name ")
+
+
+def test_a_trial_that_trained_its_whole_budget_is_not_pruned_while_its_evaluation_runs(tmp_path):
+    # Trial 0 learns; trial 1 plays at random (epsilon 1), far below trial 0 at the report of their last
+    # step, 6,000. Trial 1's evaluation (--save-model, 4,000 episodes) keeps its process alive for
+    # seconds after that step: the pruner must not stop a run that has trained its budget.
+    command = f"{DQN} --total-timesteps 6000 --learning-starts 500 --learning-rate 0.001 --save-model"
+    command += " --eval-episodes 4000 --eval-epsilon 1"
+    result = tuner(
+        "--command", command, "--env-ids", "CartPole-v1", "--param", "end-e=float:0:1",
+        "--enqueue", "end-e=0.05", "--enqueue", "end-e=1", "--n-trials", "2", "--pruner-startup-trials", "1",
+        *QUICK, "--report-every", "6000", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    trials = load_study(tmp_path, name="dqn-CartPole-v1").get_trials()
+    assert [trial.state for trial in trials] == [TrialState.COMPLETE, TrialState.COMPLETE], result.stdout
+    assert trials[1].value < trials[0].value, "a trial the pruner would have stopped at step 6,000"
+    assert list(trials[1].intermediate_values) == [6000], "the last step is reported all the same"
+    log = (tmp_path / "logs" / "CartPole-v1__dqn-CartPole-v1-trial1__1.log").read_text()
+    assert "over 4000 episodes" in log and log.splitlines()[-1].startswith("# exit 0 after ")
+
+
+def test_a_trial_failed_by_another_tuner_is_dropped_at_its_next_heartbeat_in_a_journal(tune, tmp_path):
+    # Another tuner found no heartbeat of trial 0 within its grace period (this one stalled: a suspended
+    # machine, a slow shared filesystem), failed it and queued it again; here its grace period is 0. The
+    # journal refuses this tuner's next heartbeat of the finished trial: the tuner must stop the trial's run,
+    # let the trial go and run the retry. No report comes before that heartbeat: the only one is at the end.
+    journal = f"journal:{tmp_path / 'tune.journal'}"
+    process = start_tuner(
+        "--command", f"{PPO} --total-timesteps 16384", "--env-ids", "CartPole-v1", "--storage", journal,
+        "--param", "learning-rate=log:1e-4:1e-2", "--n-trials", "1", "--pruner", "none", "--heartbeat-interval", "1",
+        *QUICK, "--report-every", "16384", cwd=tmp_path,
+    )  # fmt: skip
+    trial, _, _ = first_run_started(process)
+    other_tuner = optuna.load_study(study_name="ppo-CartPole-v1", storage=tune.open_storage(journal, 0))
+    optuna.storages.fail_stale_trials(other_tuner)
+    output = process.communicate(timeout=300)[0]
+    assert process.returncode == 0 and "Traceback" not in output, output
+    assert trial == 0 and "trial 0 was failed by another tuner" in output
+    assert "trial 1 started (a retry of trial 0)" in output
+    trials = optuna.load_study(study_name="ppo-CartPole-v1", storage=tune.open_storage(journal, 60)).get_trials()
+    assert [trial.state for trial in trials] == [TrialState.FAIL, TrialState.COMPLETE]
+    log = (tmp_path / "logs" / "CartPole-v1__ppo-CartPole-v1-trial0__1.log").read_text()
+    assert "KeyboardInterrupt" in log and "finished 32 iterations" not in log, "trial 0's run was stopped"
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad input
 # ---------------------------------------------------------------------------------------------
@@ -229,6 +327,25 @@ def assert_fails_with(function, *fragments: str):
             "CartPole-v1 needs --score-range CartPole-v1=LOW:HIGH",
         ),
         ([*BASE, "--param", "ent-coef=float:0:0.1", "--score-range", "CartPole-v1=500:0"], "LOW must be below HIGH"),
+        # --n-trials 1: without its check, a case goes on to run one trial (not 20) here
+        ([*BASE, "--param", "learning-rate=float:0:inf", "--n-trials", "1"], "'inf' is not a finite number"),
+        ([*BASE, "--param", "learning-rate=float:nan:1", "--n-trials", "1"], "'nan' is not a finite number"),
+        (
+            [*BASE, "--param", "ent-coef=float:0:0.1", "--score-range", "CartPole-v1=0:inf", "--n-trials", "1"],
+            "'inf' is not a finite number",
+        ),
+        (
+            [*BASE, "--param", "num-envs=int:1:4", "--enqueue", "num-envs=2.7", "--n-trials", "1"],
+            "--enqueue 'num-envs=2.7': --param num-envs takes whole numbers",
+        ),
+        (
+            [*BASE, "--param", "num-envs=int:2:8:2", "--enqueue", "num-envs=3", "--n-trials", "1"],
+            "3 is not on the grid of --param num-envs (2 + k x 2)",
+        ),
+        (
+            [*BASE, "--param", "ent-coef=float:0:0.1:0.025", "--enqueue", "ent-coef=0.03", "--n-trials", "1"],
+            "0.03 is not on the grid of --param ent-coef (0 + k x 0.025)",
+        ),
     ],
 )
 def test_bad_input_is_a_one_line_error_before_any_trial(tune, monkeypatch, tmp_path, arguments, fragment):
