@@ -276,6 +276,7 @@ def main(args: Args):
     if args.eval_checkpoint is not None:  # no training: play the saved model's episodes
         q_network, saved_args = load_model(args.eval_checkpoint, device)
         env_id = saved_args["env_id"]  # the run is named after the env it plays
+        check_env_exists(env_id)
         run_name = f"{env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
         writer = start_logging(args, run_name, None)
         evaluate_episodes(args, writer, run_name, q_network, env_id)
@@ -284,7 +285,7 @@ def main(args: Args):
     try:
         envs = make_envs(args.env_id, args.num_envs, args.capture_video, run_name)
         obs, _ = envs.reset(seed=args.seed)  # a missing render dependency of --capture-video (pygame) shows here
-    except gym.error.Error as e:
+    except (gym.error.Error, ModuleNotFoundError) as e:  # ModuleNotFoundError: an id `module:Env`
         fail(f"cannot make environment {args.env_id!r}: {e}")
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
         fail(f"{args.env_id} has action space {envs.single_action_space}; DQN needs a Discrete one")
@@ -379,7 +380,19 @@ def fail(message: str):
     sys.exit(f"error: {message}")
 
 
+def check_env_exists(env_id: str):
+    """A saved model's env must be makeable here (MuJoCo, a plugin's module) before its evaluation logs anything."""
+    try:
+        gym.make(env_id).close()
+    except (gym.error.Error, ModuleNotFoundError) as e:
+        fail(f"cannot make the model's environment {env_id!r}: {e}")
+
+
 def check_args(args: Args):
+    if "/" in args.exp_name or not args.exp_name:  # it names the run's folder and the model file in it
+        fail(f"--exp-name {args.exp_name!r} must be a name without '/'")
+    if not args.learning_rate > 0:
+        fail(f"--learning-rate must be positive, got {args.learning_rate}")
     if not 0 <= args.seed < 2**32:  # what numpy's seed takes
         fail(f"--seed must lie in [0, 2**32), got {args.seed}")
     counts = ("num_envs", "buffer_size", "batch_size", "total_timesteps", "train_frequency")
@@ -401,6 +414,14 @@ def check_args(args: Args):
         fail(
             f"--learning-starts {args.learning_starts} must lie in [0, total_timesteps = {args.total_timesteps}): "
             "the run would never update; lower it"
+        )
+    # The first update: the first multiple of train_frequency past learning_starts, within the steps the envs run
+    first_update = (args.learning_starts // args.train_frequency + 1) * args.train_frequency
+    total_steps = args.total_timesteps // args.num_envs * args.num_envs
+    if first_update > total_steps:
+        fail(
+            f"the first update would come at step {first_update:,}, after the run's {total_steps:,} steps "
+            "(--learning-starts, --train-frequency, --num-envs): the run would never update; lower --learning-starts"
         )
 
 

@@ -14,6 +14,7 @@ import glob
 import hashlib
 import os
 import random
+import re
 import sys
 import time
 from collections import deque
@@ -371,7 +372,8 @@ def main(args: Args):
         rb.load_state_dict(checkpoint["replay_memory"])
         rng.bit_generator.state = checkpoint["numpy_rng"]
         torch.set_rng_state(checkpoint["rng_state"]["torch"])
-        torch.cuda.set_rng_state_all(checkpoint["rng_state"]["cuda"] or [])
+        cuda_states = checkpoint["rng_state"]["cuda"] or []  # a resume may run on a machine with fewer GPUs
+        torch.cuda.set_rng_state_all(cuda_states[: torch.cuda.device_count()])
         global_step, num_updates = checkpoint["global_step"], checkpoint["num_updates"]
         env0_games = checkpoint["env0_games"]  # the games env 0 finished: videos go on numbering from there
         recent_returns.extend(checkpoint["recent_returns"])  # for the progress lines only
@@ -398,8 +400,9 @@ def main(args: Args):
         next_obs, reward, terminated, truncated, info = envs.step(actions)
         game_over = terminated | truncated
         # Episodic life: losing a life ends the learning episode (no bootstrap across it) while the game
-        # goes on. At a game over, info already holds the next game's lives.
-        life_lost = info["lives"] < lives
+        # goes on. At a game over, info already holds the next game's lives: no life lost there (a game cut by
+        # the time limit with bonus lives would have more than a new game starts with).
+        life_lost = (info["lives"] < lives) & ~game_over
         lives = info["lives"].copy()
         # A time-limit truncation is not a death: its step is stored with the real last observation,
         # info["final_obs"], and bootstrapped from it.
@@ -484,6 +487,10 @@ def fail(message: str):
 
 
 def check_args(args: Args):
+    if "/" in args.exp_name or not args.exp_name:  # it names the run's folder and the model file in it
+        fail(f"--exp-name {args.exp_name!r} must be a name without '/'")
+    if not args.learning_rate > 0:
+        fail(f"--learning-rate must be positive, got {args.learning_rate}")
     # Env i gets seed + i, and a resumed run new seeds past the ones used (main): the emulator takes 32-bit seeds.
     last_env_seed = args.seed + max(args.total_timesteps, 0) + args.num_envs
     if args.seed < 0 or last_env_seed >= 2**31:
@@ -494,6 +501,10 @@ def check_args(args: Args):
     for name in (*counts, "target_network_frequency", "eval_episodes", "max_episode_steps"):
         if getattr(args, name) < 1:
             fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.max_episode_steps >= 2**29:  # the emulator counts a game's frames, 4 a step, in 32 bits
+        fail(
+            f"--max-episode-steps {args.max_episode_steps:,} overflows the emulator's frame counter: at most 2**29 - 1"
+        )
     for name in ("start_e", "end_e", "exploration_fraction", "eval_epsilon"):
         if not 0.0 <= getattr(args, name) <= 1.0:
             fail(f"--{name.replace('_', '-')} must lie in [0, 1], got {getattr(args, name)}")
@@ -514,6 +525,14 @@ def check_args(args: Args):
         fail(
             f"--learning-starts {args.learning_starts} must lie in [0, total_timesteps = {args.total_timesteps}): "
             "the run would never update; lower it"
+        )
+    # The first update: the first multiple of train_frequency past learning_starts, within the steps the envs run
+    first_update = (args.learning_starts // args.train_frequency + 1) * args.train_frequency
+    total_steps = args.total_timesteps // args.num_envs * args.num_envs
+    if first_update > total_steps:
+        fail(
+            f"the first update would come at step {first_update:,}, after the run's {total_steps:,} steps "
+            "(--learning-starts, --train-frequency, --num-envs): the run would never update; lower --learning-starts"
         )
 
 
@@ -705,7 +724,10 @@ def save_checkpoint(folder: str, name: str, state: dict, args: Args, run_name: s
         torch.save(state, f)  # this script
         os.fsync(f.fileno())
     os.replace(path + ".tmp", path)
-    for older in sorted(glob.glob(os.path.join(folder, "*.pt")))[:-keep]:  # this script
+    pattern = os.path.join(folder, "*.pt")  # this script
+    # by the number in the name: as text, step-1000000000 would come before step-999000000
+    numbered = sorted(glob.glob(pattern), key=lambda path: int(re.sub(r"\D", "", os.path.basename(path))))
+    for older in numbered[:-keep]:
         os.remove(older)
     print(f"checkpoint {path}", flush=True)
 

@@ -206,10 +206,13 @@ def main(args: Args):
     try:  # the first reset too: a missing render dependency of --capture-video (pygame) shows up there
         envs = make_envs(args.env_id, args.num_envs, f"videos/{run_name}" if args.capture_video else None)
         next_obs_np, _ = envs.reset(seed=args.seed)
-    except gym.error.Error as e:
+    except (gym.error.Error, ModuleNotFoundError) as e:  # ModuleNotFoundError: an id `module:Env`
         fail(f"cannot make environment {args.env_id!r}: {e}")
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
         fail(f"{args.env_id} has action space {envs.single_action_space}; this script needs a Discrete one")
+    obs_space = envs.single_observation_space
+    if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1):
+        fail(f"{args.env_id} has observation space {obs_space}; this script needs a flat Box (vectors)")
     writer = start_logging(args, run_name, None)
 
     obs_shape = envs.single_observation_space.shape
@@ -320,6 +323,10 @@ def fail(message: str):
 
 
 def check_args(args: Args):
+    if "/" in args.exp_name or not args.exp_name:  # it names the run's folder and the model file in it
+        fail(f"--exp-name {args.exp_name!r} must be a name without '/'")
+    if not (args.learning_rate > 0 and args.max_grad_norm > 0):  # a negative norm would flip the gradients
+        fail(f"--learning-rate and --max-grad-norm must be positive, got {args.learning_rate} and {args.max_grad_norm}")
     if not 0 <= args.seed < 2**32:  # what numpy's seed takes
         fail(f"--seed must lie in [0, 2**32), got {args.seed}")
     if min(args.num_envs, args.num_steps, args.num_minibatches, args.update_epochs) < 1:

@@ -14,6 +14,7 @@ import glob
 import hashlib
 import os
 import random
+import re
 import sys
 import time
 from collections import deque
@@ -350,7 +351,8 @@ def main(args: Args):
         agent.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         torch.set_rng_state(checkpoint["rng_state"]["torch"])
-        torch.cuda.set_rng_state_all(checkpoint["rng_state"]["cuda"] or [])
+        cuda_states = checkpoint["rng_state"]["cuda"] or []  # a resume may run on a machine with fewer GPUs
+        torch.cuda.set_rng_state_all(cuda_states[: torch.cuda.device_count()])
         start_iteration, global_step = checkpoint["iteration"], checkpoint["global_step"]
         env0_games = checkpoint["env0_games"]  # the games env 0 finished: videos go on numbering from there
         recent_returns.extend(checkpoint["recent_returns"])  # for the progress lines only
@@ -473,6 +475,10 @@ def fail(message: str):
 
 
 def check_args(args: Args):
+    if "/" in args.exp_name or not args.exp_name:  # it names the run's folder and the model file in it
+        fail(f"--exp-name {args.exp_name!r} must be a name without '/'")
+    if not (args.learning_rate > 0 and args.max_grad_norm > 0):  # a negative norm would flip the gradients
+        fail(f"--learning-rate and --max-grad-norm must be positive, got {args.learning_rate} and {args.max_grad_norm}")
     # Env i gets seed + i, and a resumed run new seeds past the ones used (main): the emulator takes 32-bit seeds.
     last_env_seed = args.seed + (max(args.num_iterations, 1) + 1) * args.num_envs
     if args.seed < 0 or last_env_seed >= 2**31:
@@ -489,6 +495,10 @@ def check_args(args: Args):
         fail(f"minibatches of {args.minibatch_size} sample cannot normalize advantages; use fewer --num-minibatches")
     if args.max_episode_steps < 1:
         fail(f"--max-episode-steps must be positive, got {args.max_episode_steps}")
+    if args.max_episode_steps >= 2**29:  # the emulator counts a game's frames, 4 a step, in 32 bits
+        fail(
+            f"--max-episode-steps {args.max_episode_steps:,} overflows the emulator's frame counter: at most 2**29 - 1"
+        )
     envpool_task(args.env_id)  # an unknown env id fails here, before anything is written
     if args.eval_checkpoint is None and args.num_iterations < 1:
         fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch ({args.batch_size} steps)")
@@ -706,7 +716,10 @@ def save_checkpoint(folder: str, name: str, state: dict, args: Args, run_name: s
         torch.save(state, f)  # this script
         os.fsync(f.fileno())
     os.replace(path + ".tmp", path)
-    for older in sorted(glob.glob(os.path.join(folder, "*.pt")))[:-keep]:  # this script
+    pattern = os.path.join(folder, "*.pt")  # this script
+    # by the number in the name: as text, step-1000000000 would come before step-999000000
+    numbered = sorted(glob.glob(pattern), key=lambda path: int(re.sub(r"\D", "", os.path.basename(path))))
+    for older in numbered[:-keep]:
         os.remove(older)
     print(f"checkpoint {path}", flush=True)
 

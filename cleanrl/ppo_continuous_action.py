@@ -250,6 +250,7 @@ def main(args: Args):
 
     if args.eval_checkpoint is not None:  # no training: play the saved policy's episodes
         agent, obs_rms, saved_args = load_policy(args.eval_checkpoint, device)  # a bad file fails before any output
+        check_env_exists(saved_args["env_id"])
         run_name = f"{saved_args['env_id'].replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
         writer = start_logging(args, run_name, None)
         evaluate_policy(args, saved_args["env_id"], agent, obs_rms, device, writer, run_name)
@@ -257,10 +258,13 @@ def main(args: Args):
     run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     try:
         envs = make_envs(args.env_id, args.num_envs, f"videos/{run_name}" if args.capture_video else None)
-    except gym.error.Error as e:
+    except (gym.error.Error, ModuleNotFoundError) as e:  # ModuleNotFoundError: an id `module:Env`
         fail(f"cannot make environment {args.env_id!r}: {e}")
-    if not isinstance(envs.single_action_space, gym.spaces.Box) or len(envs.single_observation_space.shape) != 1:
+    if not isinstance(envs.single_action_space, gym.spaces.Box):
         fail(f"{args.env_id} has actions {envs.single_action_space}; this script needs continuous (Box) ones")
+    obs_space = envs.single_observation_space
+    if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1):
+        fail(f"{args.env_id} has observation space {obs_space}; this script needs a flat Box (vectors)")
     first_obs, _ = envs.reset(seed=args.seed)
     writer = start_logging(args, run_name, None)
 
@@ -378,7 +382,19 @@ def fail(message: str):
     sys.exit(f"error: {message}")
 
 
+def check_env_exists(env_id: str):
+    """A saved model's env must be makeable here (MuJoCo, a plugin's module) before its evaluation logs anything."""
+    try:
+        gym.make(env_id).close()
+    except (gym.error.Error, ModuleNotFoundError) as e:
+        fail(f"cannot make the model's environment {env_id!r}: {e}")
+
+
 def check_args(args: Args):
+    if "/" in args.exp_name or not args.exp_name:  # it names the run's folder and the model file in it
+        fail(f"--exp-name {args.exp_name!r} must be a name without '/'")
+    if not (args.learning_rate > 0 and args.max_grad_norm > 0):  # a negative norm would flip the gradients
+        fail(f"--learning-rate and --max-grad-norm must be positive, got {args.learning_rate} and {args.max_grad_norm}")
     if not 0 <= args.seed < 2**32:  # what numpy's seed takes
         fail(f"--seed must lie in [0, 2**32), got {args.seed}")
     if min(args.num_envs, args.num_steps, args.num_minibatches, args.update_epochs, args.eval_episodes) < 1:

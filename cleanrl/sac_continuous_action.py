@@ -217,6 +217,7 @@ def main(args: Args):
 
     if args.eval_checkpoint is not None:  # no training: play the saved policy's episodes
         actor, saved_args = load_policy(args.eval_checkpoint, device)  # a bad file fails before any output
+        check_env_exists(saved_args["env_id"])
         run_name = f"{saved_args['env_id'].replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
         writer = start_logging(args, run_name, None)
         evaluate_policy(args, saved_args["env_id"], actor, device, writer, run_name)
@@ -224,10 +225,12 @@ def main(args: Args):
     run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     try:
         env = make_env(args.env_id, f"videos/{run_name}" if args.capture_video else None)
-    except gym.error.Error as e:
+    except (gym.error.Error, ModuleNotFoundError) as e:  # ModuleNotFoundError: an id `module:Env`
         fail(f"cannot make environment {args.env_id!r}: {e}")
-    if not isinstance(env.action_space, gym.spaces.Box) or len(env.observation_space.shape) != 1:
+    if not isinstance(env.action_space, gym.spaces.Box):
         fail(f"{args.env_id} has actions {env.action_space}; this script needs continuous (Box) ones")
+    if not (isinstance(env.observation_space, gym.spaces.Box) and len(env.observation_space.shape) == 1):
+        fail(f"{args.env_id} has observation space {env.observation_space}; this script needs a flat Box (vectors)")
     if not np.all(np.isfinite(env.action_space.low) & np.isfinite(env.action_space.high)):
         fail(f"{args.env_id} has unbounded actions {env.action_space}; the tanh policy needs finite bounds")
     obs, _ = env.reset(seed=args.seed)
@@ -348,7 +351,19 @@ def fail(message: str):
     sys.exit(f"error: {message}")
 
 
+def check_env_exists(env_id: str):
+    """A saved model's env must be makeable here (MuJoCo, a plugin's module) before its evaluation logs anything."""
+    try:
+        gym.make(env_id).close()
+    except (gym.error.Error, ModuleNotFoundError) as e:
+        fail(f"cannot make the model's environment {env_id!r}: {e}")
+
+
 def check_args(args: Args):
+    if "/" in args.exp_name or not args.exp_name:  # it names the run's folder and the model file in it
+        fail(f"--exp-name {args.exp_name!r} must be a name without '/'")
+    if not (args.policy_lr > 0 and args.q_lr > 0):
+        fail(f"--policy-lr and --q-lr must be positive, got {args.policy_lr} and {args.q_lr}")
     if not 0 <= args.seed < 2**32:  # what numpy's seed takes
         fail(f"--seed must lie in [0, 2**32), got {args.seed}")
     counts = (args.total_timesteps, args.buffer_size, args.batch_size, args.policy_frequency, args.eval_episodes)

@@ -92,3 +92,14 @@ def assert_torch_model_is_the_checkpoints(checkpoint_path: str, model_path: str)
     saved = torch.load(model_path, weights_only=True)["model"]
     for name, value in last["model"].items():
         assert torch.equal(saved[name], value), name
+
+
+def assert_the_newest_checkpoints_are_kept_by_their_number(module, folder, prefix: str, digits: int, extension="pt"):
+    """save_checkpoint keeps the newest two checkpoints by the number in their names, also once the number
+    outgrows the digits the names are padded to (as text, step-1000000000 sorts before step-999999999)."""
+    numbers = [10**digits - 2, 10**digits - 1, 10**digits, 10**digits + 1]
+    for number in numbers:
+        module.save_checkpoint(
+            str(folder), f"{prefix}-{number:0{digits}d}.{extension}", {"step": number}, module.Args(), "run"
+        )
+    assert sorted(os.listdir(folder)) == sorted(f"{prefix}-{number}.{extension}" for number in numbers[-2:])

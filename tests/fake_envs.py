@@ -69,9 +69,16 @@ class StepCountEnv(gym.Env):
         return np.array([float(self.t), 1.0]), float(self.t), terminated, False, {}
 
 
+class DictObservationEnv(StepCountEnv):
+    """StepCountEnv's actions with a Dict observation, as goal-conditioned tasks have: not for these scripts."""
+
+    observation_space = gym.spaces.Dict({"observation": StepCountEnv.observation_space})
+
+
 # Cut by a time limit after 4 steps, or terminated after 5.
 gym.register("StepCountTruncatedAfter4-v0", entry_point=StepCountEnv, max_episode_steps=4)
 gym.register("StepCountTerminatesAfter5-v0", entry_point=StepCountEnv, kwargs={"length": 5})
+gym.register("StepCountDictObservation-v0", entry_point=DictObservationEnv)
 
 
 def assert_rollout_dones_and_rewards(module, monkeypatch, run_main, args):

@@ -104,16 +104,24 @@ def assert_user_error(result, *fragments: str):
         assert fragment in last_line, last_line
 
 
-def assert_seeds_and_sticky_actions_are_checked(check_args, make_args):
-    """An Atari script's check_args rejects a --seed whose env seeds leave [0, 2**31) (the emulators take
-    32-bit seeds, numpy no negative one) and sticky actions with probability outside [0, 1) (at 1 the
-    agent's actions would never be played). make_args(**overrides): the script's Args as its main has
-    them when it calls check_args."""
+def assert_atari_ranges_are_checked(check_args, make_args):
+    """An Atari script's check_args rejects, each with a one-line error naming the flag: a --seed whose env
+    seeds leave [0, 2**31) (the emulators take 32-bit seeds, numpy no negative one); sticky actions with a
+    probability outside [0, 1) (at 1 the agent's actions would never be played); a time limit beyond the
+    emulator's 32-bit frame counter; a learning rate or (PPO) gradient norm that is not positive (a negative
+    norm flips the gradients); an --exp-name with a '/'. make_args(**overrides): the script's Args as its
+    main has them when it calls check_args."""
     assert_main_fails_with(check_args, make_args(seed=-1), "--seed -1: the run's env seeds", "[0, 2**31)")
     assert_main_fails_with(check_args, make_args(seed=2**31 - 4), "--seed 2147483644", "[0, 2**31)")
     for probability in (1.0, -0.25):
         message = f"--repeat-action-probability must lie in [0, 1), got {probability}"
         assert_main_fails_with(check_args, make_args(repeat_action_probability=probability), message)
+    message = "--max-episode-steps 536,870,912 overflows the emulator's frame counter"
+    assert_main_fails_with(check_args, make_args(max_episode_steps=2**29), message)
+    assert_main_fails_with(check_args, make_args(learning_rate=-1e-3), "--learning-rate", "must be positive")
+    if "max_grad_norm" in vars(make_args()):
+        assert_main_fails_with(check_args, make_args(max_grad_norm=-0.5), "--max-grad-norm must be positive")
+    assert_main_fails_with(check_args, make_args(exp_name="sweep/lr"), "--exp-name 'sweep/lr' must be a name")
 
 
 def assert_main_fails_with(main, args, *fragments: str):

@@ -27,6 +27,7 @@ BLOCKS = {
     "start_logging": ALL,
     "Progress": ALL,
     "finish_logging": [*SMALL_SCRIPTS, "dqn.py"],
+    "check_env_exists": ["dqn.py", "ppo_continuous_action.py", "sac_continuous_action.py"],
     "warn_if_bf16_is_slow": ATARI_PPO,
     "keep_freed_memory": ATARI_PPO,
     "capped_cubic": ATARI,

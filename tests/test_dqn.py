@@ -270,6 +270,14 @@ def test_evaluation_plays_the_requested_episodes_greedily_at_epsilon_zero():
     assert np.mean(random_returns) > np.mean(returns)
 
 
+def test_a_saved_model_whose_env_cannot_be_made_here_is_a_one_line_error_before_any_output(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    dqn.save_model("q.cleanrl_model", dqn.QNetwork(4, 2), dqn.Args(env_id="NoSuchEnv-v0"))
+    message = "cannot make the model's environment 'NoSuchEnv-v0'"
+    assert_main_fails_with(dqn.main, dqn.Args(eval_checkpoint="q.cleanrl_model"), message)
+    assert not os.path.exists("runs")
+
+
 def test_loaded_model_equals_saved_model(tmp_path):
     q_network, args = dqn.QNetwork(4, 2), dqn.Args()
     path = str(tmp_path / "q.cleanrl_model")
@@ -402,6 +410,16 @@ def test_bad_input_is_a_one_line_error(tmp_path, args, message):
         (dict(learning_starts=-1), "--learning-starts -1 must lie in [0, total_timesteps"),
         (dict(num_envs=8, total_timesteps=4, learning_starts=0), "less than one step of the 8 envs"),
         (dict(num_envs=8, buffer_size=4), "--buffer-size 4 is smaller than one step of the 8 envs"),
+        (
+            dict(total_timesteps=1005, learning_starts=1001),
+            "first update would come at step 1,010, after the run's 1,005",
+        ),
+        (
+            dict(num_envs=4, total_timesteps=1003, learning_starts=1001, train_frequency=1),
+            "first update would come at step 1,002, after the run's 1,000 steps",
+        ),
+        (dict(exp_name="sweep/lr"), "--exp-name 'sweep/lr' must be a name without '/'"),
+        (dict(learning_rate=-1e-3), "--learning-rate must be positive, got -0.001"),
     ],
     ids=lambda value: "-".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else None,
 )

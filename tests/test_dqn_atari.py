@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+from checkpoints import assert_the_newest_checkpoints_are_kept_by_their_number
 from evaluation import (
     assert_corrupt_checkpoint_rejected,
     assert_evaluation_printed,
@@ -32,8 +33,8 @@ from run_outputs import (
     capped_cubic_games,
 )
 from running import (
+    assert_atari_ranges_are_checked,
     assert_main_fails_with,
-    assert_seeds_and_sticky_actions_are_checked,
     assert_user_error,
     read_scalars,
     run_dirs,
@@ -300,6 +301,53 @@ def test_short_run_executes_its_updates_and_logs_every_tag(tmp_path):
     assert all(r >= 0 and r == int(r) for _, r in scalars["charts/episodic_return"])
 
 
+class BonusLives:
+    """The script's vector env, but every game in play reports 5 more lives than a new game starts with, as
+    after bonus lives (Ms. Pac-Man, Krull): a game the time limit cuts then has more lives than the next."""
+
+    def __init__(self, envs):
+        self.envs, self.truncations = envs, []
+
+    def __getattr__(self, name):
+        return getattr(self.envs, name)
+
+    def reset(self, **kwargs):
+        obs, info = self.envs.reset(**kwargs)
+        return obs, {**info, "lives": info["lives"] + 5}
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, info = self.envs.step(actions)
+        self.truncations.append(bool(truncated[0] and not terminated[0]))
+        lives = info["lives"] + 5 * ~(terminated | truncated)  # at a game's end: the new game's lives
+        return obs, reward, terminated, truncated, {**info, "lives": lives}
+
+
+def test_a_time_limit_is_not_a_death_when_the_cut_game_has_bonus_lives(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    made, real_make_envs = [], dqn_atari.make_envs
+    monkeypatch.setattr(
+        dqn_atari, "make_envs", lambda *a, **k: made.append(BonusLives(real_make_envs(*a, **k))) or made[-1]
+    )
+    args = dqn_atari.Args(
+        total_timesteps=300,
+        learning_starts=290,
+        buffer_size=400,
+        end_e=1.0,
+        max_episode_steps=50,
+        checkpoint_every=300,
+        cuda=False,
+    )
+    dqn_atari.main(args)
+    (run_dir,) = run_dirs(tmp_path)
+    checkpoint = torch.load(os.path.join(run_dir, "checkpoints", "step-000000300.pt"), weights_only=True)
+    rb = dqn_atari.FrameReplayBuffer(args.buffer_size, 1)
+    rb.load_state_dict(checkpoint["replay_memory"])
+    # a game's end takes two slots (its step, then its real last frame), every other step one
+    slots = np.cumsum([0] + [1 + cut for cut in made[0].truncations[:-1]])
+    cut_slots = slots[np.flatnonzero(made[0].truncations)]
+    assert len(cut_slots) >= 5 and not rb.dones[0, cut_slots].any(), rb.dones[0, cut_slots]
+
+
 def test_save_then_evaluate_round_trip(tmp_path):
     result = run_script(
         "dqn_atari.py", *SHORT_RUN, "--save-model", "--eval-episodes", "1", cwd=tmp_path, env=ONE_THREAD
@@ -401,8 +449,8 @@ def test_bad_input_is_a_one_line_error(tmp_path, args, message):
     assert_user_error(run_script("dqn_atari.py", *args, cwd=tmp_path, env=ONE_THREAD), message)
 
 
-def test_seeds_and_sticky_actions_out_of_range_are_one_line_errors():
-    assert_seeds_and_sticky_actions_are_checked(dqn_atari.check_args, dqn_atari.Args)
+def test_values_out_of_range_are_one_line_errors_naming_the_flag():
+    assert_atari_ranges_are_checked(dqn_atari.check_args, dqn_atari.Args)
 
 
 @pytest.mark.parametrize(
@@ -417,6 +465,10 @@ def test_seeds_and_sticky_actions_out_of_range_are_one_line_errors():
         (dict(tau=1.5), "--tau must lie in (0, 1]"),
         (dict(start_e=-0.1), "--start-e must lie in [0, 1]"),
         (dict(learning_starts=-1), "--learning-starts -1 must lie in [0, total_timesteps"),
+        (
+            dict(total_timesteps=1003, learning_starts=1001),
+            "first update would come at step 1,004, after the run's 1,003",
+        ),
     ],
     ids=lambda value: "-".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else None,
 )
@@ -598,3 +650,7 @@ def test_a_resumed_run_goes_on_in_its_directory_with_each_step_logged_once(tmp_p
         assert not torch.equal(resumed_actions, other_actions)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_the_newest_checkpoints_are_kept_by_their_number(tmp_path):
+    assert_the_newest_checkpoints_are_kept_by_their_number(dqn_atari, tmp_path, "step", 9)

@@ -1,6 +1,7 @@
 """Specification of cleanrl/ppo.py."""
 
 import glob
+import os
 
 import gymnasium as gym
 import numpy as np
@@ -149,8 +150,35 @@ def test_bad_input_exits_with_a_one_line_error(tmp_path, args, fragment):
     assert_user_error(run_script("ppo.py", *args, cwd=tmp_path, timeout=120), fragment)
 
 
+@pytest.mark.parametrize(
+    "env_id, message",
+    [
+        ("FrozenLake-v1", "FrozenLake-v1 has observation space Discrete(16); this script needs a flat Box"),
+        ("nosuchpackage:Env-v0", "cannot make environment 'nosuchpackage:Env-v0'"),
+    ],
+    ids=["discrete-observations", "missing-module"],
+)
+def test_an_env_this_script_cannot_run_is_a_one_line_error(tmp_path, monkeypatch, env_id, message):
+    monkeypatch.chdir(tmp_path)
+    assert_main_fails_with(ppo.main, ppo.Args(env_id=env_id), message)
+    assert not os.path.exists("runs")
+
+
 def test_a_seed_numpy_cannot_take_is_a_one_line_error():
     assert_main_fails_with(ppo.check_args, ppo.Args(seed=-1), "--seed must lie in [0, 2**32), got -1")
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(max_grad_norm=-0.5), "--learning-rate and --max-grad-norm must be positive, got 0.00025 and -0.5"),
+        (dict(learning_rate=0.0), "--learning-rate and --max-grad-norm must be positive, got 0.0 and 0.5"),
+        (dict(exp_name="a/b"), "--exp-name 'a/b' must be a name without '/'"),
+    ],
+    ids=["negative-gradient-norm", "zero-learning-rate", "exp-name-with-slash"],
+)
+def test_values_out_of_range_are_one_line_errors_naming_the_flag(overrides, message):
+    assert_main_fails_with(ppo.check_args, ppo.Args(**overrides), message)
 
 
 def test_short_cartpole_run_finishes_its_iterations_and_logs_every_tag(tmp_path):

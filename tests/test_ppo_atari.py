@@ -7,7 +7,10 @@ import ale_py
 import numpy as np
 import pytest
 import torch
-from checkpoints import assert_run_resumes_where_its_checkpoint_left_it
+from checkpoints import (
+    assert_run_resumes_where_its_checkpoint_left_it,
+    assert_the_newest_checkpoints_are_kept_by_their_number,
+)
 from evaluation import (
     assert_corrupt_checkpoint_rejected,
     assert_evaluation_printed,
@@ -25,7 +28,7 @@ from run_outputs import (
     assert_warns_when_bf16_is_slow,
     capped_cubic_games,
 )
-from running import assert_seeds_and_sticky_actions_are_checked, assert_user_error, read_scalars, run_dirs, run_script
+from running import assert_atari_ranges_are_checked, assert_user_error, read_scalars, run_dirs, run_script
 
 import cleanrl.ppo_atari as ppo_atari
 
@@ -263,8 +266,10 @@ def test_bad_input_is_a_one_line_error(tmp_path, args, message):
     assert_user_error(run_script("ppo_atari.py", *args, cwd=tmp_path), message)
 
 
-def test_seeds_and_sticky_actions_out_of_range_are_one_line_errors():
-    assert_seeds_and_sticky_actions_are_checked(ppo_atari.check_args, ppo_atari.Args)
+def test_values_out_of_range_are_one_line_errors_naming_the_flag():
+    assert_atari_ranges_are_checked(
+        ppo_atari.check_args, lambda **o: ppo_atari.Args(batch_size=1024, minibatch_size=256, num_iterations=9765, **o)
+    )
 
 
 def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):
@@ -274,3 +279,7 @@ def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):
 def test_a_resumed_run_restores_its_state_and_goes_on_in_its_directory(tmp_path, monkeypatch, capsys):
     args = dict(num_envs=2, num_steps=128, cuda=False)
     assert_run_resumes_where_its_checkpoint_left_it(ppo_atari, tmp_path, monkeypatch, capsys, args)
+
+
+def test_the_newest_checkpoints_are_kept_by_their_number(tmp_path):
+    assert_the_newest_checkpoints_are_kept_by_their_number(ppo_atari, tmp_path, "iteration", 7)

@@ -23,7 +23,7 @@ from run_outputs import (
     assert_warns_when_bf16_is_slow,
     capped_cubic_games,
 )
-from running import assert_seeds_and_sticky_actions_are_checked, assert_user_error, read_scalars, run_dirs, run_script
+from running import assert_atari_ranges_are_checked, assert_user_error, read_scalars, run_dirs, run_script
 
 import cleanrl.ppo_atari_envpool as ppo_envpool
 
@@ -328,8 +328,11 @@ def test_bad_input_is_a_one_line_error(tmp_path, args, message):
     assert_user_error(run_script(SCRIPT, *args, cwd=tmp_path), message)
 
 
-def test_seeds_and_sticky_actions_out_of_range_are_one_line_errors():
-    assert_seeds_and_sticky_actions_are_checked(ppo_envpool.check_args, ppo_envpool.Args)
+def test_values_out_of_range_are_one_line_errors_naming_the_flag():
+    assert_atari_ranges_are_checked(
+        ppo_envpool.check_args,
+        lambda **o: ppo_envpool.Args(batch_size=1024, minibatch_size=256, num_iterations=9765, **o),
+    )
 
 
 def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):

@@ -16,7 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from checkpoints import assert_run_resumes_where_its_checkpoint_left_it
+from checkpoints import (
+    assert_run_resumes_where_its_checkpoint_left_it,
+    assert_the_newest_checkpoints_are_kept_by_their_number,
+)
 from evaluation import (
     assert_corrupt_checkpoint_rejected,
     assert_evaluation_warns_when_emulator_settings_differ,
@@ -34,7 +37,7 @@ from run_outputs import (
 )
 from running import (
     REPO_ROOT,
-    assert_seeds_and_sticky_actions_are_checked,
+    assert_atari_ranges_are_checked,
     assert_user_error,
     free_port,
     read_scalars,
@@ -573,10 +576,8 @@ def test_bad_input_is_a_one_line_error(tmp_path, args, message):
     assert_user_error(run_script(SCRIPT, *args, cwd=tmp_path), message)
 
 
-def test_seeds_and_sticky_actions_out_of_range_are_one_line_errors():
-    assert_seeds_and_sticky_actions_are_checked(
-        ppo_jax.check_args, lambda **overrides: ppo_jax.Args(num_devices=1, **overrides)
-    )
+def test_values_out_of_range_are_one_line_errors_naming_the_flag():
+    assert_atari_ranges_are_checked(ppo_jax.check_args, lambda **o: small_args(num_iterations=100, **o))
 
 
 def test_num_envs_that_does_not_split_over_the_devices_is_a_one_line_error(tmp_path):
@@ -644,3 +645,7 @@ def test_a_resumed_run_restores_its_state_and_goes_on_in_its_directory_on_any_nu
     assert "finished 4 iterations, 512 steps" in result.stdout
     scalars = read_scalars(str(other / "runs" / os.path.basename(run_dir)))
     assert [step for step, _ in scalars["losses/value_loss"]] == [128, 256, 384, 512]
+
+
+def test_the_newest_checkpoints_are_kept_by_their_number(tmp_path):
+    assert_the_newest_checkpoints_are_kept_by_their_number(ppo_jax, tmp_path, "iteration", 7, extension="msgpack")

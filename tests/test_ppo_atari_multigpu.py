@@ -31,8 +31,8 @@ from run_outputs import (
 )
 from running import (
     REPO_ROOT,
+    assert_atari_ranges_are_checked,
     assert_main_fails_with,
-    assert_seeds_and_sticky_actions_are_checked,
     assert_user_error,
     free_port,
     rank_lines,
@@ -835,9 +835,12 @@ def test_bad_input_is_a_one_line_error(tmp_path, args, message):
     assert_user_error(run_script(SCRIPT, *args, cwd=tmp_path, timeout=120), message)
 
 
-def test_seeds_and_sticky_actions_out_of_range_are_one_line_errors():
-    assert_seeds_and_sticky_actions_are_checked(
-        multigpu.check_args, lambda **overrides: multigpu.Args(num_envs=8, world_size=1, **overrides)
+def test_values_out_of_range_are_one_line_errors_naming_the_flag():
+    assert_atari_ranges_are_checked(
+        multigpu.check_args,
+        lambda **o: multigpu.Args(
+            num_envs=8, world_size=1, batch_size=1024, minibatch_size=256, num_iterations=9765, **o
+        ),
     )
 
 

@@ -397,6 +397,10 @@ def test_bad_input_from_the_command_line_is_a_one_line_error_without_traceback(t
         (dict(eval_episodes=0), "must be positive"),
         (dict(eval_checkpoint="missing.cleanrl_model"), "does not exist"),
         (dict(seed=-1), "--seed must lie in [0, 2**32), got -1"),
+        (dict(env_id="StepCountDictObservation-v0"), "observation space Dict("),
+        (dict(env_id="nosuchpackage:Env-v0"), "cannot make environment 'nosuchpackage:Env-v0'"),
+        (dict(exp_name="sweep/lr"), "--exp-name 'sweep/lr' must be a name without '/'"),
+        (dict(max_grad_norm=-0.5), "--learning-rate and --max-grad-norm must be positive, got 0.0003 and -0.5"),
     ],
     ids=[
         "unknown-env-id",
@@ -409,11 +413,23 @@ def test_bad_input_from_the_command_line_is_a_one_line_error_without_traceback(t
         "no-eval-episodes",
         "missing-checkpoint",
         "negative-seed",
+        "dict-observations",
+        "missing-module",
+        "exp-name-with-slash",
+        "negative-gradient-norm",
     ],
 )
 def test_bad_input_is_a_one_line_error(tmp_path, monkeypatch, overrides, fragment):
     monkeypatch.chdir(tmp_path)
     assert_main_fails_with(pca.main, pca.Args(**overrides), fragment)
+
+
+def test_a_saved_policy_whose_env_cannot_be_made_here_is_a_one_line_error_before_any_output(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    pca.save_policy("agent.cleanrl_model", pca.Agent(2, 2), pca.RunningMeanStd((2,)), pca.Args(env_id="NoSuchEnv-v0"))
+    message = "cannot make the model's environment 'NoSuchEnv-v0'"
+    assert_main_fails_with(pca.main, pca.Args(eval_checkpoint="agent.cleanrl_model"), message)
+    assert not os.path.exists("runs")
 
 
 def test_corrupt_checkpoint_is_a_one_line_error(tmp_path, monkeypatch):

@@ -284,6 +284,15 @@ class RecordingEnv(gym.Wrapper):
         return result
 
 
+def test_a_saved_policy_whose_env_cannot_be_made_here_is_a_one_line_error_before_any_output(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    actor = sac.Actor(2, np.array([-2.0, 0.0]), np.array([2.0, 1.0]))
+    sac.save_policy("sac.cleanrl_model", actor, sac.TwinSoftQNetwork(2, 2), sac.Args(env_id="NoSuchEnv-v0"))
+    message = "cannot make the model's environment 'NoSuchEnv-v0'"
+    assert_main_fails_with(sac.main, sac.Args(eval_checkpoint="sac.cleanrl_model"), message)
+    assert not os.path.exists("runs")
+
+
 def test_evaluation_plays_the_mean_action_of_the_saved_actor(tmp_path, monkeypatch):
     # --eval-checkpoint through main: every action is tanh(mean(obs)) * scale + bias of the saved actor
     monkeypatch.chdir(tmp_path)
@@ -497,6 +506,10 @@ def test_bad_input_from_the_command_line_is_a_one_line_error_without_traceback(t
         (dict(tau=0.0), "tau"),
         (dict(eval_checkpoint="missing.cleanrl_model"), "does not exist"),
         (dict(seed=2**32), "--seed must lie in [0, 2**32), got 4294967296"),
+        (dict(env_id="StepCountDictObservation-v0"), "observation space Dict("),
+        (dict(env_id="nosuchpackage:Env-v0"), "cannot make environment 'nosuchpackage:Env-v0'"),
+        (dict(q_lr=0.0), "--policy-lr and --q-lr must be positive, got 0.0003 and 0.0"),
+        (dict(exp_name="a/b"), "--exp-name 'a/b' must be a name without '/'"),
     ],
     ids=[
         "unknown-env-id",
@@ -509,6 +522,10 @@ def test_bad_input_from_the_command_line_is_a_one_line_error_without_traceback(t
         "tau-zero",
         "missing-checkpoint",
         "seed-beyond-numpy",
+        "dict-observations",
+        "missing-module",
+        "zero-q-lr",
+        "exp-name-with-slash",
     ],
 )
 def test_bad_input_is_a_one_line_error(tmp_path, monkeypatch, overrides, fragment):
