@@ -23,7 +23,7 @@ script) and seed from its hyperparameters text, else from its directory name
       the mean of each training-health scalar it logged (learning rate or epsilon, entropy, approx
       KL, clip fraction, explained variance, value loss, TD loss, Q-values) and its longest game;
   with 3 or more Atari games that every script ran: aggregate.png (human-normalized IQM, median and
-      mean with 95% stratified-bootstrap confidence intervals, rliable) and
+      mean of the finished runs with 95% stratified-bootstrap confidence intervals, rliable) and
       performance_profile.png (the fraction of runs above each human-normalized score), and their
       table in results.md. Normalization: (score - random) / (human - random), with the scores of
       REFERENCE_SCORES below.
@@ -254,13 +254,18 @@ def running_seconds(path: str, times: np.ndarray, started: float, kept_times: np
     """Seconds since the run started at each of `times`, less the pauses of a resumed run: each
     event file after the first is an attempt that went on from a checkpoint, and the time between
     the last event kept before its first one and that first one (the machine away, the steps
-    redone after the checkpoint, hidden by the purge) is not time the run spent training."""
+    redone after the checkpoint, hidden by the purge) is not time the run spent training. After a
+    part that died before its next checkpoint, all of it redone and purged, the pause is measured
+    from where that part began: the time from the last kept event to there was taken off with that
+    part already, and taking it off again made the time go backwards."""
     seconds = times - started
-    for events_file in sorted(glob.glob(os.path.join(path, "events.out.tfevents*")))[1:]:
-        resumed_at = first_scalar_time(events_file)
-        earlier = kept_times[kept_times < resumed_at] if resumed_at is not None else []
+    # The parts in the order they ran (the file names' time stamps have whole seconds only).
+    files = glob.glob(os.path.join(path, "events.out.tfevents*"))
+    resumes = sorted(t for t in map(first_scalar_time, files) if t is not None)
+    for previous, resumed_at in zip(resumes, resumes[1:]):
+        earlier = kept_times[kept_times < resumed_at]
         if len(earlier):
-            seconds[times >= resumed_at] -= resumed_at - earlier.max()
+            seconds[times >= resumed_at] -= resumed_at - max(earlier.max(), previous)
     return seconds
 
 
@@ -472,7 +477,8 @@ def health_table(runs: list[Run], every: int) -> str:
 def comparison_table(runs: list[Run], window: int, base: str, other: str) -> str:
     """Per env id that both scripts ran: OTHER's final return minus BASE's, with the 95% confidence
     interval of Welch's t over the seeds (unequal variances; with a handful of seeds a bootstrap would
-    give too narrow an interval), also in percent of BASE's mean."""
+    give too narrow an interval), also in percent of BASE's mean when that is positive ("-" otherwise:
+    against a mean of 0 or below a percentage has no meaning, its sign and its interval come out reversed)."""
     lines = [
         f"| env id | {base} | {other} | {other} - {base} | 95% CI | in % of {base} | 95% CI in % |",
         "|---|---|---|---|---|---|---|",
@@ -487,9 +493,11 @@ def comparison_table(runs: list[Run], window: int, base: str, other: str) -> str
             continue
         difference = np.mean(finals[1]) - np.mean(finals[0])
         low, high = scipy.stats.ttest_ind(finals[1], finals[0], equal_var=False).confidence_interval(0.95)
-        percent = 100 / np.mean(finals[0])
         interval = f"[{low:+.2f}, {high:+.2f}]"
-        relative = f"{difference * percent:+.1f}% | [{low * percent:+.1f}%, {high * percent:+.1f}%]"
+        relative = "- | -"
+        if np.mean(finals[0]) > 0:
+            percent = 100 / np.mean(finals[0])
+            relative = f"{difference * percent:+.1f}% | [{low * percent:+.1f}%, {high * percent:+.1f}%]"
         lines.append(
             f"| {env_id} | {format_mean_std(finals[0])} | {format_mean_std(finals[1])} | {difference:+.2f} "
             f"| {interval} | {relative} |"
@@ -555,9 +563,11 @@ def parts_table(runs: list[Run]) -> str:
 
 def normalized_scores(runs: list[Run], window: int) -> tuple[dict[str, np.ndarray], list[str]] | None:
     """{script: (runs, games) human-normalized final returns} on the games every script ran, or None
-    when those are fewer than 3. Every script gets the same number of runs per game (the first seeds)."""
+    when those are fewer than 3. Every script gets the same number of runs per game (the first seeds).
+    Finished runs only, as in the results table and --compare: a run cut off early would count its
+    early return as a final one."""
     per_game = {}  # script -> game -> final returns
-    for (env_id, script), members in group(runs).items():
+    for (env_id, script), members in group([run for run in runs if not unfinished(run)]).items():
         if (game := game_of(env_id)) is not None:
             per_game.setdefault(script, {}).setdefault(game, []).extend(final_return(run, window) for run in members)
     if not per_game:
@@ -691,7 +701,9 @@ def read_throughput(path: str) -> dict:
         with open(path) as f:
             results = json.load(f)
         rows = results["rows"]
-        assert all({"script", "processes", "precision", "steady_sps", "env_only_sps"} <= row.keys() for row in rows)
+        assert rows and all(
+            {"script", "processes", "precision", "steady_sps", "env_only_sps"} <= row.keys() for row in rows
+        )
     except (OSError, ValueError, KeyError, TypeError, AssertionError) as error:
         fail(
             f"{path} is not a `benchmark/throughput.py --json` result ({type(error).__name__}); write one with "
@@ -892,7 +904,8 @@ def main():
         "--compare",
         nargs=2,
         metavar=("BASE", "OTHER"),
-        help="also tabulate OTHER's final return minus BASE's (two scripts' exp_names) with a 95%% confidence interval",
+        help="also tabulate OTHER's final return minus BASE's (two scripts' exp_names) with a 95%% confidence "
+        "interval, and in percent of BASE's mean where that is positive",
     )
     speed = commands.add_parser("throughput", help="the bar chart of a `benchmark/throughput.py --json` result")
     speed.add_argument("results", help="the JSON file written by benchmark/throughput.py --json")

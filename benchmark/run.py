@@ -30,7 +30,8 @@ Ctrl-C (or SIGTERM, or the SIGHUP of a closed terminal unless the runner runs un
 runs cleanly: each run runs in a session of its own, the runner sends it SIGINT (torchrun passes it
 to its workers), waits up to --stop-timeout seconds, then kills the run's process group and every
 process the run had started, including workers that torchrun puts in sessions of their own. A
-second Ctrl-C kills them at once.
+second Ctrl-C (or SIGTERM, or SIGHUP) kills them at once. A closed terminal's lost writes do not stop
+the runner from stopping its runs.
 Each run's processes hold LOG_DIR/locks/{name}.lock while they live: when a runner was killed outright
 (SIGKILL) and its runs went on, a new runner with the same runs stops with a one-line error naming
 them instead of starting them twice.
@@ -40,7 +41,9 @@ time-limited session, and only the runs that did not finish run (each run's log 
 runner's `# exit STATUS after ...` line); the TensorBoard directories of their cut-off attempts are
 moved to LOG_DIR/incomplete_runs/ first, so that plots count every seed once. A command with
 `--resume` (e.g. `--checkpoint-every N --resume auto`) goes on from its checkpoint in its own
-directory instead: nothing of it is set aside, and each attempt is added to its log.
+directory instead: nothing of it is set aside, each attempt is added to its log, and the last
+attempt's command is the one compared. Under --slurm too, a resubmitted task of such a command adds
+to its log instead of replacing it.
 
 --slurm renders benchmark/slurm_template.sh into LOG_DIR/{job_name}.sbatch (one array task per
 command x env id x seed; --workers, when given, caps how many run at once), prints it, and submits
@@ -163,6 +166,15 @@ def make_runs(commands: list[str], env_ids: list[str], seeds: list[int]) -> list
                         resumes=option_value(tokens, "--resume") is not None,
                     )
                 )
+    for seed in seeds:
+        if seeds.count(seed) > 1:
+            fail(f"--seeds gives seed {seed} twice; give each seed once")
+    for env_id in env_ids:
+        same = list(dict.fromkeys(other for other in env_ids if other.replace("/", "_") == env_id.replace("/", "_")))
+        if len(same) > 1:  # a run's name and log have the env id with its "/" made "_"
+            fail(f"--env-ids {' and '.join(same)} would name their runs alike ({env_id.replace('/', '_')}__...)")
+        if env_ids.count(env_id) > 1:
+            fail(f"--env-ids gives {env_id} twice; give each env id once")
     names = [run.name for run in runs]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
@@ -324,15 +336,21 @@ def finish(run: Run):
 EXIT_LINE = "# exit "
 
 
+HEADER_SECOND_LINE = re.compile(r"# OMP_NUM_THREADS=\d+, started ")
+
+
 def finished_before(run: Run, log_dir: str) -> bool:
-    """Whether an earlier runner finished this run, the same command, with exit status 0: its log
-    starts with the command and ends with the runner's exit line."""
+    """Whether an earlier runner finished this run, the same command, with exit status 0: its log's
+    last header names the command and the log ends with the runner's exit line. The last header: a
+    command with --resume adds each attempt's to one log, and a flag that resuming allows (e.g.
+    --checkpoint-every) may have changed since the first, which would make the run never done."""
     try:
         with open(os.path.join(log_dir, f"{run.name}.log"), errors="replace") as log:
             lines = log.read().splitlines()
     except OSError:
         return False
-    return bool(lines) and lines[0] == f"# {run.command}" and lines[-1].startswith(f"{EXIT_LINE}0 after")
+    headers = [0] + [i - 1 for i in range(2, len(lines)) if HEADER_SECOND_LINE.match(lines[i])]
+    return bool(lines) and lines[headers[-1]] == f"# {run.command}" and lines[-1].startswith(f"{EXIT_LINE}0 after")
 
 
 def lock_runs(runs: list[Run], log_dir: str) -> list[str]:
@@ -368,15 +386,19 @@ def set_aside_earlier_attempts(run: Run, log_dir: str) -> list[str]:
 def stop(runs: list[Run], timeout: float, display) -> None:
     """SIGINT to every running run, then, after `timeout` seconds or a second Ctrl-C, SIGKILL to
     whatever is left of them: their process groups and every process they were seen to start."""
-    for run in runs:
-        run.known_processes |= process_tree(run.process.pid)
-        try:
-            os.killpg(run.process.pid, signal.SIGINT)
-        except ProcessLookupError:
-            pass
-    display.message(f"stopping {len(runs)} running run(s): up to {timeout:.0f} s to exit, Ctrl-C again kills them now")
-    deadline = time.time() + timeout
+    # All of it in the try: a second Ctrl-C a few milliseconds after the first (a double tap) comes
+    # while the runs are still being sent SIGINT, and must go on to the SIGKILLs as well.
     try:
+        for run in runs:
+            run.known_processes |= process_tree(run.process.pid)
+            try:
+                os.killpg(run.process.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+        display.message(
+            f"stopping {len(runs)} running run(s): up to {timeout:.0f} s to exit, Ctrl-C again kills them now"
+        )
+        deadline = time.time() + timeout
         while time.time() < deadline and any(run.process.poll() is None for run in runs):
             for run in runs:
                 if run.process.poll() is None:  # torchrun's workers are started while it lives: keep track
@@ -384,22 +406,33 @@ def stop(runs: list[Run], timeout: float, display) -> None:
             time.sleep(0.1)
     except KeyboardInterrupt:
         pass
-    for run in runs:
-        try:
-            os.killpg(run.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        for pid, _ in still_alive(run.known_processes):
+    # Once killing, nothing stops the runner halfway with runs left alive: one more Ctrl-C, SIGTERM or
+    # SIGHUP is ignored until they are gone (the caller's handlers are back when this returns).
+    handlers = {
+        number: signal.signal(number, signal.SIG_IGN) for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    }
+    try:
+        for run in runs:
+            if run.process.poll() is None:  # a second Ctrl-C can come before the run's processes were listed
+                run.known_processes |= process_tree(run.process.pid)
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.killpg(run.process.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        run.process.wait()
-        read_progress(run)
-        run.state, run.returncode, run.ended = "stopped", run.process.returncode, time.time()
-    deadline = time.time() + 5  # SIGKILL is asynchronous: return once the processes are really gone
-    while time.time() < deadline and any(still_alive(run.known_processes) for run in runs):
-        time.sleep(0.05)
+            for pid, _ in still_alive(run.known_processes):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            run.process.wait()
+            read_progress(run)
+            run.state, run.returncode, run.ended = "stopped", run.process.returncode, time.time()
+        deadline = time.time() + 5  # SIGKILL is asynchronous: return once the processes are really gone
+        while time.time() < deadline and any(still_alive(run.known_processes) for run in runs):
+            time.sleep(0.05)
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -430,6 +463,18 @@ def counts(runs: list[Run]) -> str:
     return ", ".join(f"{n} {state}" for state, n in number.items() if n)
 
 
+def show(text: str, stream=None):
+    """Writes text to stdout (or stream) at once. A terminal that was closed fails every write with EIO,
+    a pipe whose reader went away with EPIPE: the runner goes on without telling anyone, since the
+    closed terminal's SIGHUP has it stop its runs, and a display that raised would leave them running."""
+    stream = stream or sys.stdout
+    try:
+        stream.write(text)
+        stream.flush()
+    except OSError:
+        pass
+
+
 class TerminalDisplay:
     """The status table, redrawn in place once a second."""
 
@@ -438,12 +483,12 @@ class TerminalDisplay:
 
     def message(self, text: str):
         self.erase()
-        print(text, flush=True)
+        show(text + "\n")
         self.update(force=True)
 
     def erase(self):
         if self.drawn_lines:
-            sys.stdout.write(f"\x1b[{self.drawn_lines}F\x1b[J")
+            show(f"\x1b[{self.drawn_lines}F\x1b[J")
             self.drawn_lines = 0
 
     def update(self, force: bool = False):
@@ -451,8 +496,7 @@ class TerminalDisplay:
             return
         self.erase()
         lines = table_lines(self.runs) + [counts(self.runs)]
-        sys.stdout.write("\n".join(lines) + "\n")
-        sys.stdout.flush()
+        show("\n".join(lines) + "\n")
         self.drawn_lines, self.last_draw = len(lines), time.time()
 
     def started(self, run: Run):
@@ -472,7 +516,7 @@ class PlainDisplay:
         self.runs, self.interval, self.last_report = runs, interval, time.time()
 
     def message(self, text: str):
-        print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+        show(f"[{time.strftime('%H:%M:%S')}] {text}\n")
 
     def started(self, run: Run):
         self.message(f"started {run.name} (pid {run.process.pid}, log {run.log_path}): {run.command}")
@@ -494,7 +538,7 @@ class PlainDisplay:
         self.message(counts(self.runs))
 
     def close(self):
-        print("\n".join(table_lines(self.runs)), flush=True)
+        show("\n".join(table_lines(self.runs)) + "\n")
 
 
 class Interrupted(Exception):
@@ -503,6 +547,10 @@ class Interrupted(Exception):
 
 def raise_interrupted(signum, frame):
     raise Interrupted()
+
+
+def raise_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt()
 
 
 def run_locally(
@@ -556,23 +604,29 @@ def run_locally(
                     display.ended(run)
             display.update()
     except (KeyboardInterrupt, Interrupted):
-        for number in stop_signals:
-            signal.signal(number, signal.SIG_DFL)
-        running = [run for run in running if run.process is not None]
-        stop(running, stop_timeout, display)
+        timeout = stop_timeout
+        while True:
+            try:  # first thing: Python runs a signal's handler at a call or a loop's jump back, not before
+                running = [run for run in running if run.process is not None]
+                # While the runs stop, a second SIGTERM or SIGHUP kills them at once, as a second Ctrl-C
+                # does (at their default, it would kill the runner and leave the runs running).
+                for number in stop_signals:
+                    signal.signal(number, raise_keyboard_interrupt)
+                stop(running, timeout, display)
+                break
+            except (KeyboardInterrupt, Interrupted):  # the second came before stop() could catch it: kill now
+                timeout = 0
+        for number in (signal.SIGINT, *stop_signals):  # the runs are gone: what is left is to say so
+            signal.signal(number, signal.SIG_IGN)
         display.close()
         not_started = f", {len(queue)} not started" if queue else ""
-        print(
-            f"error: interrupted: stopped {', '.join(r.name for r in running) or 'no run'}{not_started}",
-            file=sys.stderr,
-            flush=True,
-        )
+        show(f"error: interrupted: stopped {', '.join(r.name for r in running) or 'no run'}{not_started}\n", sys.stderr)
         return 130
     display.close()
     failed = [run for run in runs if run.state == "failed"]
     if failed:
         names = ", ".join(f"{run.name} (exit {run.returncode}, {run.log_path})" for run in failed)
-        print(f"error: {len(failed)} of {len(runs)} runs failed: {names}", file=sys.stderr, flush=True)
+        show(f"error: {len(failed)} of {len(runs)} runs failed: {names}\n", sys.stderr)
         return 1
     return 0
 
@@ -599,6 +653,7 @@ def render_slurm(runs: list[Run], cli, log_dir: str, workdir: str) -> str:
         "names": bash_array(run.name for run in runs),
         "commands": bash_array(run.command for run in runs),
         "processes": bash_array(run.processes for run in runs),
+        "resumes": bash_array(int(run.resumes) for run in runs),
         "workdir": shlex.quote(workdir),
         "log_dir": shlex.quote(log_dir),
     }

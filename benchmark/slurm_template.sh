@@ -20,6 +20,9 @@ commands=(
 processes=(
 {{processes}}
 )
+resumes=(
+{{resumes}}
+)
 
 task=${SLURM_ARRAY_TASK_ID:?this script runs as a Slurm array job: submit it with sbatch}
 cd {{workdir}}
@@ -30,5 +33,11 @@ export OMP_NUM_THREADS=$(( threads > 0 ? threads : 1 ))
 export PYTHONUNBUFFERED=1
 log={{log_dir}}/${names[task]}.log
 echo "task $task: ${names[task]} (OMP_NUM_THREADS=$OMP_NUM_THREADS, output in $log)"
-echo "# ${commands[task]}" > "$log"
+# A command with --resume goes on from its checkpoint when its task is submitted again: its log keeps
+# the earlier attempts (their checkpoints, a traceback) and adds this one, as benchmark/run.py's local runs do.
+if (( resumes[task] )); then
+  echo "# ${commands[task]}" >> "$log"
+else
+  echo "# ${commands[task]}" > "$log"
+fi
 bash -c "${commands[task]}" >> "$log" 2>&1

@@ -229,6 +229,42 @@ def test_a_resumed_run_counts_the_time_it_ran_not_its_pauses(tmp_path, capsys, c
     assert [record.message for record in caplog.records if record.name == "tensorboard"] == []
 
 
+def write_parts(folder, parts):
+    """A resumed run's parts, one event file each, in `folder`: (purge_step, first step, last step, seconds per
+    game, wall time of the first) each, a game and an SPS event every 100 steps. The files are named in the
+    order the parts ran, as the machine's clock names them (one writer's names can sort in another order
+    when they fall in one second)."""
+    for k, (purge_step, first_step, last_step, seconds_per_game, wall) in enumerate(parts):
+        scratch = os.path.join(folder, "scratch")
+        writer = SummaryWriter(scratch, purge_step=purge_step)
+        for i, step in enumerate(range(first_step, last_step + 1, 100)):
+            writer.add_scalar("charts/episodic_return", 1.0, step, walltime=wall + i * seconds_per_game)
+            writer.add_scalar("charts/SPS", 1.0, step, walltime=wall + i * seconds_per_game)
+        writer.close()
+        (written,) = os.listdir(scratch)
+        os.rename(
+            os.path.join(scratch, written), os.path.join(folder, f"events.out.tfevents.{1700000000 + k}.host.1.0")
+        )
+        os.rmdir(scratch)
+
+
+def test_a_part_redone_entirely_does_not_take_the_pause_before_it_off_twice(tmp_path):
+    # Part 1 logs a game every 100 s up to step 1,200, its checkpoint at 1,000. Part 2 resumes from it two hours
+    # later and dies after one game, before its next checkpoint: all it logged is purged. Part 3 resumes from the
+    # same checkpoint an hour after part 2 began and logs a game every 60 s up to step 2,000.
+    start = time.time()
+    folder = str(tmp_path / "Pong-v5__alpha__1__1700000000")
+    write_parts(
+        folder,
+        [(None, 100, 1200, 100, start), (1001, 1100, 1100, 100, start + 7200), (1001, 1100, 2000, 60, start + 10800)],
+    )
+    (run,) = plot.read_runs(str(tmp_path))
+    assert run.episode_steps.tolist() == [100.0 * (k + 1) for k in range(20)]
+    # part 1's games to the checkpoint, then part 3's from where they stopped: neither pause, nor part 2, counts
+    seconds = run.episode_seconds - run.episode_seconds[0]
+    np.testing.assert_allclose(seconds, [*range(0, 1000, 100), *range(900, 1441, 60)], atol=1e-3)
+
+
 def test_each_part_of_a_resumed_run_gets_its_start_steps_redone_steps_hours_and_speed(tmp_path):
     # Part 1 logs 100 steps every 100 s up to step 1,200 and is cut off after its checkpoint at 1,000. Part 2
     # resumes from it two hours later and dies after one iteration. Part 3 resumes from it again and logs
@@ -283,6 +319,28 @@ def test_every_script_gets_the_same_number_of_seeds_per_game_in_the_aggregate(tm
     scores, games = plot.normalized_scores(plot.read_runs(str(tmp_path)), window=100)
     assert games == ["Breakout", "Pong", "Qbert"]
     assert {script: s.shape for script, s in scores.items()} == {"alpha": (2, 3), "beta": (2, 3)}
+
+
+def test_the_aggregate_leaves_out_unfinished_runs_as_the_tables_do(tmp_path):
+    # a third seed of each script on each game, cut off after one game (step 100 of 15,000), scoring 5
+    write_study(tmp_path / "runs")
+    for script in SCRIPTS:
+        for env_id in ENV_IDS:
+            text = hyperparameters_text(env_id, script, 3)
+            write_run(tmp_path / "runs", f"{env_id.replace('/', '_')}__{script}__3__1700000000", [5.0], text)
+    scores, games = plot.normalized_scores(plot.read_runs(str(tmp_path / "runs")), window=100)
+    assert {script: s.shape for script, s in scores.items()} == {"alpha": (2, 3), "beta": (2, 3)}
+    for script in SCRIPTS:
+        finished = [
+            [plot.human_normalized(last_100_value(script, env_id, seed), plot.game_of(env_id)) for env_id in ENV_IDS]
+            for seed in SEEDS
+        ]
+        np.testing.assert_allclose(
+            scores[script], np.array(finished)[:, [1, 2, 0]]
+        )  # games sorted: Breakout, Pong, Qbert
+    result = run_tool("plot.py", "learning", "--out-dir", "out", "--reps", "100", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "3 games (Breakout, Pong, Qbert), 2 run(s) per game" in (tmp_path / "out" / "results.md").read_text()
 
 
 @pytest.mark.parametrize(
@@ -501,6 +559,11 @@ def test_a_throughput_file_of_another_layout_is_a_one_line_error(tmp_path):
     assert_user_error(run_tool("plot.py", "throughput", "other.json", cwd=tmp_path), "is not a")
 
 
+def test_a_throughput_file_without_rows_is_a_one_line_error(tmp_path):
+    (tmp_path / "empty.json").write_text(json.dumps({"rows": []}))
+    assert_user_error(run_tool("plot.py", "throughput", "empty.json", cwd=tmp_path), "is not a")
+
+
 def test_a_published_result_is_a_dashed_line_on_every_panel(tmp_path):
     write_study(tmp_path)
     figure = plot.plot_returns(plot.read_runs(str(tmp_path)), "steps", window=100, references=[("published", 12.5)])
@@ -601,6 +664,20 @@ def test_compare_gives_the_difference_of_final_returns_with_welchs_95_percent_in
     assert cells[1:4] == [f"12.00 ± {np.std(finals['alpha']):.2f}", "25.00 ± 5.00", "+13.00"]
     assert cells[4] == f"[{low:+.2f}, {high:+.2f}]"
     assert cells[5:] == ["+108.3%", f"[{low / 0.12:+.1f}%, {high / 0.12:+.1f}%]"]
+
+
+@pytest.mark.parametrize("base_finals", [[-1.0, 1.0], [-12.0, -10.0]], ids=["mean 0", "negative mean"])
+def test_compare_gives_no_percentages_of_a_base_mean_of_zero_or_below(tmp_path, base_finals):
+    # in % of a negative mean, a gain reads as a loss and the interval comes out reversed; of 0, as infinite
+    write_comparison(tmp_path / "runs", {"alpha": base_finals, "beta": [20.0, 30.0]})
+    args = ("--runs-dir", "runs", "--out-dir", "out", "--compare", "alpha", "beta")
+    result = run_tool("plot.py", "learning", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = (tmp_path / "out" / "results.md").read_text()
+    (row,) = [line for line in report.split("## beta against alpha")[1].splitlines() if line.startswith("| Breakout")]
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[3] == f"{25.0 - np.mean(base_finals):+.2f}", "the difference itself is still given"
+    assert cells[5:] == ["-", "-"]
 
 
 def test_compare_leaves_out_an_env_without_two_seeds_of_each_script_with_a_warning(tmp_path):

@@ -39,26 +39,31 @@ def fake_sbatch(folder, body: str) -> str:
     return str(folder)
 
 
-def start_runner(*args: str, cwd, stdout=subprocess.PIPE, ignored_signals=()):
+def start_runner(*args: str, cwd, stdout=subprocess.PIPE, ignored_signals=(), terminal=None):
     # The runner gets a terminal's SIGINT and SIGHUP whatever this process inherited (pytest started
     # in the background by a script ignores SIGINT): set in a small launcher that then execs the
-    # runner, which keeps them (a preexec_fn would fork this multithreaded process).
+    # runner, which keeps them (a preexec_fn would fork this multithreaded process). With `terminal`
+    # (a pty's end), the runner leads a session of its own with that terminal as its controlling
+    # terminal, as in a terminal window: closing the other end sends it the kernel's SIGHUP.
     dispositions = {
         int(number): "SIG_IGN" if number in ignored_signals else "SIG_DFL" for number in (signal.SIGINT, signal.SIGHUP)
     }
     launcher = (
-        "import os, signal, sys\n"
+        "import fcntl, os, signal, sys, termios\n"
         f"for number, disposition in {dispositions!r}.items():\n"
         "    signal.signal(number, getattr(signal, disposition))\n"
+        f"if {terminal is not None}:\n"
+        "    fcntl.ioctl(1, termios.TIOCSCTTY, 0)\n"
         "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
     )
     return subprocess.Popen(
         [sys.executable, "-c", launcher, os.path.join(REPO_ROOT, "benchmark", "run.py"), *args],
         cwd=cwd,
         env=subprocess_environment(),
-        stdout=stdout,
-        stderr=subprocess.PIPE,
+        stdout=stdout if terminal is None else terminal,
+        stderr=subprocess.PIPE if terminal is None else terminal,
         text=True,
+        start_new_session=terminal is not None,
     )
 
 
@@ -340,6 +345,23 @@ def test_skip_done_leaves_the_directory_of_a_run_that_resumes_itself(tmp_path):
     assert "skipping 1 run(s) done earlier" in again.stdout
 
 
+def test_skip_done_compares_a_resumed_runs_last_command(tmp_path):
+    # Each attempt of a run with --resume adds its header to the log; a flag that resuming allows (here
+    # --iterations, for --checkpoint-every) was changed once, and the changed command finished.
+    command = f"{FAKE} --resume auto"
+    assert runner("--env-ids", "Pong", "--command", f"{command} --iterations 2", cwd=tmp_path).returncode == 0
+    changed = runner("--env-ids", "Pong", "--skip-done", "--command", f"{command} --iterations 3", cwd=tmp_path)
+    assert changed.returncode == 0 and "skipping" not in changed.stdout, "another command: run again"
+    log = (tmp_path / "logs" / "Pong__fake_train__1.log").read_text()
+    again = runner("--env-ids", "Pong", "--skip-done", "--command", f"{command} --iterations 3", cwd=tmp_path)
+    assert "skipping 1 run(s) done earlier: Pong__fake_train__1" in again.stdout
+    assert (tmp_path / "logs" / "Pong__fake_train__1.log").read_text() == log
+    dry = runner(
+        "--env-ids", "Pong", "--skip-done", "--dry-run", "--command", f"{command} --iterations 2", cwd=tmp_path
+    )
+    assert "# done earlier" not in dry.stdout, "the command of before is not the one that finished last"
+
+
 @pytest.mark.parametrize(
     "arguments, fragment",
     [
@@ -347,6 +369,9 @@ def test_skip_done_leaves_the_directory_of_a_run_that_resumes_itself(tmp_path):
         (["--command", f"{FAKE} --seed 3"], "--command already has --seed"),
         (["--command", f"{FAKE} --env-id=Qbert"], "--command already has --env-id"),
         (["--command", FAKE, FAKE], "give each --command its own --exp-name"),
+        (["--seeds", "1", "2", "1", "--command", FAKE], "--seeds gives seed 1 twice"),
+        (["--env-ids", "Pong", "Qbert", "Pong", "--command", FAKE], "--env-ids gives Pong twice"),
+        (["--env-ids", "ALE/Pong-v5", "ALE_Pong-v5", "--command", FAKE], "ALE/Pong-v5 and ALE_Pong-v5 would name"),
         (["--command", "python 'unbalanced"], "cannot parse --command"),
     ],
 )
@@ -490,6 +515,76 @@ def test_a_run_that_outlived_its_runner_is_not_started_twice(tmp_path):
     assert again.returncode == 0, again.stderr
 
 
+def test_a_closed_terminal_stops_the_runs_though_the_runner_can_write_to_it_no_more(tmp_path):
+    # A terminal window closed: the kernel sends SIGHUP, and every write to the terminal fails (EIO) from
+    # then on, the runner's "stopping ..." line among them; a run slow to stop must still get its SIGKILL.
+    (tmp_path / "pids").mkdir()
+    controller, terminal = pty.openpty()
+    command = f"{FAKE} --sleep 100 --pid-dir pids --spawn-helper --ignore-sigint"
+    process = start_runner(
+        "--env-ids", "Pong", "--stop-timeout", "1", "--command", command, cwd=tmp_path, terminal=terminal
+    )
+    os.close(terminal)
+    try:
+        deadline = time.time() + 60
+        while len(os.listdir(tmp_path / "pids")) < 2 and time.time() < deadline:
+            os.read(controller, 65536)  # the status table, as a terminal shows it
+        pids = pids_in(tmp_path / "pids")
+        assert len(pids) == 2 and all(is_alive(pid) for pid in pids)
+        time.sleep(1.5)  # a table drawn: the next message erases it first
+    finally:
+        os.close(controller)
+    try:
+        assert process.wait(timeout=60) == 130, "stopped as after Ctrl-C, not ended by a write's OSError"
+        assert [pid for pid in pids if is_alive(pid)] == [], "every process the run started is gone"
+    finally:
+        for pid in filter(is_alive, pids):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_second_sigterm_or_sighup_while_the_runs_stop_kills_them_as_a_second_ctrl_c_does(tmp_path, signal_number):
+    # Stopping waits up to --stop-timeout for a run that ignores SIGINT; the second signal ends the wait
+    # (at its default action it killed the runner, and the run went on).
+    (tmp_path / "pids").mkdir()
+    command = f"{FAKE} --sleep 100 --pid-dir pids --spawn-helper --ignore-sigint"
+    process = start_runner("--env-ids", "Pong", "--stop-timeout", "60", "--command", command, cwd=tmp_path)
+    wait_for_files(tmp_path / "pids", 2)
+    process.send_signal(signal_number)
+    while "stopping 1 running run(s)" not in (line := process.stdout.readline()) and line:
+        pass
+    stderr, seconds = interrupt_and_check_nothing_is_left(process, tmp_path / "pids", 2, signal_number)
+    assert seconds < 30, "killed at once, not at the stop timeout"
+    assert stderr.strip().splitlines()[-1] == "error: interrupted: stopped Pong__fake_train__1"
+
+
+def test_a_second_ctrl_c_right_after_the_first_still_kills_every_run(tmp_path):
+    # A double tap: the second SIGINT comes while the first is still sending SIGINT to the runs. If the two
+    # arrive before the runner takes the first, they are one: the runs are then killed at the stop timeout.
+    (tmp_path / "pids").mkdir()
+    command = f"{FAKE} --sleep 100 --pid-dir pids --ignore-sigint"
+    process = start_runner(
+        "--env-ids",
+        "Pong",
+        "Qbert",
+        "--seeds",
+        "1",
+        "2",
+        "--workers",
+        "4",
+        "--stop-timeout",
+        "5",
+        "--command",
+        command,
+        cwd=tmp_path,
+    )
+    wait_for_files(tmp_path / "pids", 4)
+    time.sleep(0.3)
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.001)
+    interrupt_and_check_nothing_is_left(process, tmp_path / "pids", 4)
+
+
 @pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None, reason="no torchrun")
 def test_ctrl_c_stops_a_torchrun_run_and_its_workers(tmp_path):
     (tmp_path / "pids").mkdir()
@@ -580,6 +675,22 @@ def test_slurm_array_task_k_runs_the_kth_command_into_its_own_log(tmp_path, task
     log = (tmp_path / "logs" / f"{name}.log").read_text()
     assert f"env {env_id} seed {seed} OMP_NUM_THREADS=4\n" in log
     assert f"# {FAKE} --iterations 1 --env-id {shlex.quote(env_id)} --seed {seed}\n" == log.splitlines(True)[0]
+
+
+@pytest.mark.parametrize("resumes", [True, False], ids=["--resume", "no --resume"])
+def test_a_resubmitted_slurm_task_keeps_the_log_of_a_run_that_resumes_itself(tmp_path, resumes):
+    # as local runs do: a run with --resume goes on from its checkpoint, its earlier attempts' log kept
+    command = f"{FAKE} --iterations 1" + (" --resume auto" if resumes else "")
+    assert runner("--env-ids", "Pong", "--slurm", "--command", command, cwd=tmp_path).returncode == 0
+    environment = {**os.environ, "SLURM_ARRAY_TASK_ID": "0", "SLURM_CPUS_PER_TASK": "1"}
+    for _ in range(2):
+        task_run = subprocess.run(
+            ["bash", str(tmp_path / "logs" / "cleanrl.sbatch")], env=environment, capture_output=True, text=True
+        )
+        assert task_run.returncode == 0, task_run.stderr
+    log = (tmp_path / "logs" / "Pong__fake_train__1.log").read_text()
+    assert log.count(f"# {command} --env-id Pong --seed 1\n") == (2 if resumes else 1)
+    assert log.count("env Pong seed 1 ") == (2 if resumes else 1)
 
 
 def test_slurm_task_of_a_failing_run_fails(tmp_path):
