@@ -605,6 +605,8 @@ def interrupt_trials(study: optuna.Study, active: list[TrialRuns], stop_timeout:
     running = [run for trial_runs in active for run in trial_runs.runs if run.state == "running"]
     if running:
         runner.stop(running, stop_timeout, display)
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # the runs are gone: record the trials whole
+        signal.signal(number, signal.SIG_IGN)
     retry, outcomes = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY), []
     for trial_runs in active:
         number = trial_runs.trial.number
@@ -735,8 +737,10 @@ def work(study: optuna.Study, storage, setup: Setup, cli) -> int:
                     let_go(trial_runs)
             display.update()
     except (KeyboardInterrupt, runner.Interrupted):
+        # While the runs stop, a second SIGTERM or SIGHUP kills them at once, as a second Ctrl-C does (at their
+        # default, it would kill the tuner and leave the runs running).
         for number in stop_signals:
-            signal.signal(number, signal.SIG_DFL)
+            signal.signal(number, runner.raise_keyboard_interrupt)
         stopped = ", ".join(interrupt_trials(study, active, cli.stop_timeout, display)) or "none"
         print(
             f"error: interrupted: stopped trial(s) {stopped}",

@@ -391,8 +391,8 @@ def check_env_exists(env_id: str):
 def check_args(args: Args):
     if "/" in args.exp_name or not args.exp_name:  # it names the run's folder and the model file in it
         fail(f"--exp-name {args.exp_name!r} must be a name without '/'")
-    if not args.learning_rate > 0:
-        fail(f"--learning-rate must be positive, got {args.learning_rate}")
+    if args.learning_rate < 0:
+        fail(f"--learning-rate must not be negative, got {args.learning_rate}")
     if not 0 <= args.seed < 2**32:  # what numpy's seed takes
         fail(f"--seed must lie in [0, 2**32), got {args.seed}")
     counts = ("num_envs", "buffer_size", "batch_size", "total_timesteps", "train_frequency")

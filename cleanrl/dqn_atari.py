@@ -489,8 +489,8 @@ def fail(message: str):
 def check_args(args: Args):
     if "/" in args.exp_name or not args.exp_name:  # it names the run's folder and the model file in it
         fail(f"--exp-name {args.exp_name!r} must be a name without '/'")
-    if not args.learning_rate > 0:
-        fail(f"--learning-rate must be positive, got {args.learning_rate}")
+    if args.learning_rate < 0:
+        fail(f"--learning-rate must not be negative, got {args.learning_rate}")
     # Env i gets seed + i, and a resumed run new seeds past the ones used (main): the emulator takes 32-bit seeds.
     last_env_seed = args.seed + max(args.total_timesteps, 0) + args.num_envs
     if args.seed < 0 or last_env_seed >= 2**31:

@@ -724,8 +724,10 @@ def fail(message: str):
 def check_args(args: Args):
     if "/" in args.exp_name or not args.exp_name:  # it names the run's folder and the model file in it
         fail(f"--exp-name {args.exp_name!r} must be a name without '/'")
-    if not (args.learning_rate > 0 and args.max_grad_norm > 0):  # a negative norm would flip the gradients
-        fail(f"--learning-rate and --max-grad-norm must be positive, got {args.learning_rate} and {args.max_grad_norm}")
+    if args.learning_rate < 0 or args.max_grad_norm < 0:  # a negative norm would flip the gradients
+        fail(
+            f"--learning-rate and --max-grad-norm must not be negative, got {args.learning_rate}, {args.max_grad_norm}"
+        )
     # Env i gets seed + i, and a resumed run new seeds past the ones used (main): the emulator takes 32-bit seeds.
     last_env_seed = args.seed + (max(args.num_iterations, 1) + 1) * args.num_envs
     if args.seed < 0 or last_env_seed >= 2**31:

@@ -362,8 +362,8 @@ def check_env_exists(env_id: str):
 def check_args(args: Args):
     if "/" in args.exp_name or not args.exp_name:  # it names the run's folder and the model file in it
         fail(f"--exp-name {args.exp_name!r} must be a name without '/'")
-    if not (args.policy_lr > 0 and args.q_lr > 0):
-        fail(f"--policy-lr and --q-lr must be positive, got {args.policy_lr} and {args.q_lr}")
+    if args.policy_lr < 0 or args.q_lr < 0:
+        fail(f"--policy-lr and --q-lr must not be negative, got {args.policy_lr}, {args.q_lr}")
     if not 0 <= args.seed < 2**32:  # what numpy's seed takes
         fail(f"--seed must lie in [0, 2**32), got {args.seed}")
     counts = (args.total_timesteps, args.buffer_size, args.batch_size, args.policy_frequency, args.eval_episodes)

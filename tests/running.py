@@ -118,9 +118,9 @@ def assert_atari_ranges_are_checked(check_args, make_args):
         assert_main_fails_with(check_args, make_args(repeat_action_probability=probability), message)
     message = "--max-episode-steps 536,870,912 overflows the emulator's frame counter"
     assert_main_fails_with(check_args, make_args(max_episode_steps=2**29), message)
-    assert_main_fails_with(check_args, make_args(learning_rate=-1e-3), "--learning-rate", "must be positive")
+    assert_main_fails_with(check_args, make_args(learning_rate=-1e-3), "--learning-rate", "must not be negative")
     if "max_grad_norm" in vars(make_args()):
-        assert_main_fails_with(check_args, make_args(max_grad_norm=-0.5), "--max-grad-norm must be positive")
+        assert_main_fails_with(check_args, make_args(max_grad_norm=-0.5), "--max-grad-norm must not be negative")
     assert_main_fails_with(check_args, make_args(exp_name="sweep/lr"), "--exp-name 'sweep/lr' must be a name")
 
 

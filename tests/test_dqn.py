@@ -419,7 +419,7 @@ def test_bad_input_is_a_one_line_error(tmp_path, args, message):
             "first update would come at step 1,002, after the run's 1,000 steps",
         ),
         (dict(exp_name="sweep/lr"), "--exp-name 'sweep/lr' must be a name without '/'"),
-        (dict(learning_rate=-1e-3), "--learning-rate must be positive, got -0.001"),
+        (dict(learning_rate=-1e-3), "--learning-rate must not be negative, got -0.001"),
     ],
     ids=lambda value: "-".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else None,
 )

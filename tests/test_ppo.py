@@ -171,11 +171,11 @@ def test_a_seed_numpy_cannot_take_is_a_one_line_error():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (dict(max_grad_norm=-0.5), "--learning-rate and --max-grad-norm must be positive, got 0.00025 and -0.5"),
-        (dict(learning_rate=0.0), "--learning-rate and --max-grad-norm must be positive, got 0.0 and 0.5"),
+        (dict(max_grad_norm=-0.5), "--learning-rate and --max-grad-norm must not be negative, got 0.00025, -0.5"),
+        (dict(learning_rate=-1.0), "--learning-rate and --max-grad-norm must not be negative, got -1.0, 0.5"),
         (dict(exp_name="a/b"), "--exp-name 'a/b' must be a name without '/'"),
     ],
-    ids=["negative-gradient-norm", "zero-learning-rate", "exp-name-with-slash"],
+    ids=["negative-gradient-norm", "negative-learning-rate", "exp-name-with-slash"],
 )
 def test_values_out_of_range_are_one_line_errors_naming_the_flag(overrides, message):
     assert_main_fails_with(ppo.check_args, ppo.Args(**overrides), message)

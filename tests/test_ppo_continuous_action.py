@@ -400,7 +400,7 @@ def test_bad_input_from_the_command_line_is_a_one_line_error_without_traceback(t
         (dict(env_id="StepCountDictObservation-v0"), "observation space Dict("),
         (dict(env_id="nosuchpackage:Env-v0"), "cannot make environment 'nosuchpackage:Env-v0'"),
         (dict(exp_name="sweep/lr"), "--exp-name 'sweep/lr' must be a name without '/'"),
-        (dict(max_grad_norm=-0.5), "--learning-rate and --max-grad-norm must be positive, got 0.0003 and -0.5"),
+        (dict(max_grad_norm=-0.5), "--learning-rate and --max-grad-norm must not be negative, got 0.0003, -0.5"),
     ],
     ids=[
         "unknown-env-id",

@@ -508,7 +508,7 @@ def test_bad_input_from_the_command_line_is_a_one_line_error_without_traceback(t
         (dict(seed=2**32), "--seed must lie in [0, 2**32), got 4294967296"),
         (dict(env_id="StepCountDictObservation-v0"), "observation space Dict("),
         (dict(env_id="nosuchpackage:Env-v0"), "cannot make environment 'nosuchpackage:Env-v0'"),
-        (dict(q_lr=0.0), "--policy-lr and --q-lr must be positive, got 0.0003 and 0.0"),
+        (dict(q_lr=-1e-3), "--policy-lr and --q-lr must not be negative, got 0.0003, -0.001"),
         (dict(exp_name="a/b"), "--exp-name 'a/b' must be a name without '/'"),
     ],
     ids=[
@@ -524,7 +524,7 @@ def test_bad_input_from_the_command_line_is_a_one_line_error_without_traceback(t
         "seed-beyond-numpy",
         "dict-observations",
         "missing-module",
-        "zero-q-lr",
+        "negative-q-lr",
         "exp-name-with-slash",
     ],
 )

@@ -180,6 +180,24 @@ def test_sigterm_stops_the_runs_cleanly_and_queues_the_trial_again(tmp_path):
     assert trials[1].params == trials[0].params, "the same command again runs it first"
 
 
+def test_a_second_sigterm_while_the_runs_stop_still_stops_them_and_records_the_trial(tmp_path):
+    # The second signal comes while the first one's stop waits for the run to exit: at SIGTERM's default
+    # action it killed the tuner there, leaving the trial RUNNING and nothing queued.
+    process = start_tuner(
+        "--command", f"{PPO} --total-timesteps 100000", "--env-ids", "CartPole-v1",
+        "--param", "learning-rate=log:1e-4:1e-2", "--n-trials", "1", *QUICK, cwd=tmp_path,
+    )  # fmt: skip
+    _, run_pid, _ = first_run_started(process)
+    time.sleep(2)
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 130, output
+    assert not is_alive(run_pid)
+    assert [trial.state for trial in load_study(tmp_path).get_trials()] == [TrialState.FAIL, TrialState.WAITING]
+
+
 def test_interrupted_trials_are_queued_once_say_so_and_never_make_the_tuner_give_up(tmp_path):
     # Three tuners, each stopped by SIGTERM once its trial's run has started, then a fourth left to finish:
     # trial 0 is queued again as trial 1; trial 1, a retry, is not; trial 2 is queued again as trial 3.
