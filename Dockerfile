@@ -29,7 +29,8 @@ RUN if ! python3 -m venv --help > /dev/null 2>&1; then \
 WORKDIR /app
 # The dependencies in a layer of their own, rebuilt only when they change: torch first, from the index
 # of this build's variant (CPU or CUDA), then the project with its extras at the tested versions.
-COPY pyproject.toml README.md ./
+# LICENSE: pyproject's license-files, which setuptools reads when it builds the project.
+COPY pyproject.toml README.md LICENSE ./
 COPY cloud/constraints.txt cloud/
 RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}" \
     && pip install --no-cache-dir --constraint cloud/constraints.txt "${JAX_PACKAGE}==${JAX_VERSION}" ".[envpool,jax,mujoco,cloud,benchmark,tune]"
@@ -39,11 +40,11 @@ COPY cloud/ cloud/
 COPY benchmark/*.py benchmark/slurm_template.sh benchmark/
 
 # Not root. The scripts stay root's (read-only); the user writes runs/, videos/ and wandb/ in /app.
-# On Batch, runs/ is the job's EFS volume (cloud/examples/job_definition.json).
+# On Batch, runs/ and videos/ are the job's EFS volumes (cloud/examples/job_definition.json).
 RUN groupadd --gid 10001 cleanrl \
     && useradd --create-home --uid 10001 --gid 10001 cleanrl \
-    && mkdir runs \
-    && chown cleanrl:cleanrl /app runs
+    && mkdir runs videos \
+    && chown cleanrl:cleanrl /app runs videos
 USER 10001:10001
 
 ENTRYPOINT ["python", "/app/cloud/entrypoint.py"]

@@ -3,6 +3,7 @@ check and the names and tags of a sweep's jobs. Docs: docs/cloud.md"""
 
 import argparse
 import contextlib
+import os
 import re
 import sys
 
@@ -36,15 +37,23 @@ def add_endpoint_argument(parser: argparse.ArgumentParser):
 
 
 def batch_client(endpoint_url: str | None):
-    """A Batch client from the standard AWS configuration (environment, ~/.aws, instance role)."""
-    session = boto3.Session()
-    if session.region_name is None:
-        fail("no AWS region: set AWS_DEFAULT_REGION (or AWS_REGION), or a region in ~/.aws/config (aws configure)")
-    if session.get_credentials() is None:
-        fail(
-            "no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, or run aws configure"
-        )
-    return session.client("batch", endpoint_url=endpoint_url)
+    """A Batch client from the standard AWS configuration (environment, ~/.aws, instance role). The
+    region is AWS_DEFAULT_REGION or the profile's, else AWS_REGION (which botocore itself does not read)."""
+    with aws_errors():  # a misspelled AWS_PROFILE, say
+        session = boto3.Session()
+        if session.region_name is None and os.environ.get("AWS_REGION"):
+            session = boto3.Session(region_name=os.environ["AWS_REGION"])
+        if session.region_name is None:
+            fail("no AWS region: set AWS_DEFAULT_REGION (or AWS_REGION), or a region in ~/.aws/config (aws configure)")
+        if session.get_credentials() is None:
+            fail(
+                "no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, "
+                "or run aws configure"
+            )
+        try:
+            return session.client("batch", endpoint_url=endpoint_url)
+        except ValueError as e:  # botocore's "Invalid endpoint: localhost:1"
+            fail(f"{e} (--endpoint-url or AWS_ENDPOINT_URL): give a URL with its scheme, e.g. http://localhost:5000")
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ Credentials and region come from the standard AWS configuration. Docs: docs/clou
 """
 
 import argparse
+import math
 import time
 from collections import Counter
 
@@ -78,8 +79,8 @@ def main():
     add_endpoint_argument(parser)
     cli = parser.parse_args()
     check_sweep_id(cli.sweep_id)
-    if cli.interval <= 0:
-        fail("--interval must be positive")
+    if not (math.isfinite(cli.interval) and cli.interval > 0):
+        fail(f"--interval must be a positive number of seconds, not {cli.interval}")
 
     client = batch_client(cli.endpoint_url)
     require_job_queue(client, cli.job_queue)
@@ -96,17 +97,23 @@ def main():
     if not cli.wait:
         return
 
-    # Plain lines, for a log nobody watches: a job's line when its state changes, then the counts.
-    states = {job["jobId"]: job["status"] for job in jobs}
-    while not all(job["status"] in ENDED for job in jobs):
+    # Plain lines, for a log nobody watches: a job's line when its state changes, then the counts. Each
+    # job is judged on its last state seen: a job that ended may drop out of a later listing (Batch
+    # lists ended jobs for a limited time only), and a failure stays a failure.
+    seen = {job["jobId"]: job for job in jobs}
+    while not all(job["status"] in ENDED for job in seen.values()):
         time.sleep(cli.interval)
-        jobs = sweep_jobs(client, cli.job_queue, cli.sweep_id)
-        changed = [job for job in jobs if states.get(job["jobId"]) != job["status"]]
+        changed = [
+            job
+            for job in sweep_jobs(client, cli.job_queue, cli.sweep_id)
+            if job["jobId"] not in seen or seen[job["jobId"]]["status"] != job["status"]
+        ]
+        seen.update((job["jobId"], job) for job in changed)
         for job in changed:
             print(job_line(job), flush=True)
         if changed:
-            print(f"{time.strftime('%H:%M:%S')} {summary(jobs)}", flush=True)
-        states = {job["jobId"]: job["status"] for job in jobs}
+            print(f"{time.strftime('%H:%M:%S')} {summary(list(seen.values()))}", flush=True)
+    jobs = sorted(seen.values(), key=lambda j: j["jobName"])
     failed_jobs_error(cli.sweep_id, jobs)
     print(f"sweep {cli.sweep_id}: all {len(jobs)} jobs succeeded")
 

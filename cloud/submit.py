@@ -21,7 +21,8 @@ import os
 import shlex
 import time
 
-import botocore.session
+import botocore.loaders
+import botocore.model
 from batch import (
     SWEEP_TAG,
     Parser,
@@ -126,16 +127,20 @@ def parameters(command: list[str], env_id: str) -> dict:
 
 def requests(cli, command: list[str], fields: set[str]) -> list[dict]:
     """One SubmitJob request per env id x seed."""
-    result, resources = [], resource_overrides(cli)
+    result, resources, names = [], resource_overrides(cli), {}
     for env_id in cli.env_ids:
         for seed in cli.seeds:
+            name = job_name(cli.sweep_id, env_id, seed)
+            if name in names:  # env ids that differ only where job names have "_" (ALE/Pong-v5, ALE_Pong-v5)
+                fail(f"--env-ids {names[name]} and {env_id} give the same job name {name}: submit them in two sweeps")
+            names[name] = env_id
             overrides = {
                 "command": container_command(command, fields, env_id, seed, cli.sweep_id, cli.checkpoint_every)
             }
             if resources:
                 overrides["resourceRequirements"] = resources
             request = {
-                "jobName": job_name(cli.sweep_id, env_id, seed),
+                "jobName": name,
                 "jobQueue": cli.job_queue,
                 "jobDefinition": cli.job_definition,
                 # The command above is what runs; the parameters show its env and budget in the console.
@@ -154,7 +159,10 @@ def requests(cli, command: list[str], fields: set[str]) -> list[dict]:
 
 def validate_requests(submit_requests: list[dict]):
     """Every request against botocore's model of SubmitJob: a bad one fails before anything is sent."""
-    shape = botocore.session.get_session().get_service_model("batch").operation_model("SubmitJob").input_shape
+    # The model from botocore's data, without a session: a session would read the AWS configuration
+    # (a dry run needs none, and a misspelled AWS_PROFILE is batch_client's one-line error).
+    model = botocore.model.ServiceModel(botocore.loaders.create_loader().load_service_model("batch", "service-2"))
+    shape = model.operation_model("SubmitJob").input_shape
     for request in submit_requests:
         validate_parameters(request, shape)
 
@@ -232,6 +240,11 @@ def main():
     cli.env_ids = [env_id for env_id in cli.env_ids if env_id.strip()]
     if not cli.env_ids:
         fail("--env-ids is empty: name at least one env id, e.g. --env-ids BreakoutNoFrameskip-v4")
+    # Two identical jobs would write one run folder: the second fails (run in use) or resumes the first's run.
+    for flag, values in (("--env-ids", cli.env_ids), ("--seeds", cli.seeds)):
+        repeated = [value for i, value in enumerate(values) if value in values[:i]]
+        if repeated:
+            fail(f"{flag} repeats {repeated[0]}: each env id x seed is one job, name each once")
     for name in ("vcpus", "memory", "gpus", "attempts"):
         if getattr(cli, name) is not None and getattr(cli, name) < 1:
             fail(f"--{name} must be positive")

@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tomllib
 import types
 import urllib.request
 
@@ -27,6 +28,7 @@ import botocore.session
 import pytest
 import torch
 from botocore.validate import ParamValidator
+from moto.batch import models as moto_batch
 from moto.server import ThreadedMotoServer
 from running import REPO_ROOT, assert_user_error, free_port, rank_lines, read_scalars, run_dirs, stop, wait_all
 
@@ -48,7 +50,15 @@ EXAMPLE_CALLS = {
     "job_definition_multinode.json": "RegisterJobDefinition",
 }
 # What a user edits in the examples (docs/cloud.md says where each comes from).
-PLACEHOLDERS = {"ACCOUNT_ID", "REGION", "SUBNET_ID", "SECURITY_GROUP_ID", "EFS_FILE_SYSTEM_ID", "EFS_ACCESS_POINT_ID"}
+PLACEHOLDERS = {
+    "ACCOUNT_ID",
+    "REGION",
+    "SUBNET_ID",
+    "SECURITY_GROUP_ID",
+    "EFS_FILE_SYSTEM_ID",
+    "EFS_ACCESS_POINT_ID",
+    "EFS_VIDEOS_ACCESS_POINT_ID",
+}
 REGION = "us-east-1"
 # Sizes that fit this machine, put in place of the job definitions' (the rest of their commands is kept).
 TINY = {"--local-num-envs": "1", "--num-steps": "32", "--num-minibatches": "2", "--update-epochs": "1"}
@@ -170,11 +180,30 @@ def test_job_definitions_retry_host_terminations_and_resume_from_the_efs_run_dir
         assert command[command.index("--env-id") + 1] == "Ref::envId"
         assert command[command.index("--total-timesteps") + 1] == "Ref::totalTimesteps"
         assert command[command.index("--resume") + 1] == "auto" and "--checkpoint-every" in command
-        (volume,) = container["volumes"]
-        assert "efsVolumeConfiguration" in volume
-        (mount,) = container["mountPoints"]
-        assert mount["sourceVolume"] == volume["name"] and mount["containerPath"] == f"{dockerfile_workdir()}/runs"
+        assert efs_mounts(container)[f"{dockerfile_workdir()}/runs"] == "<EFS_ACCESS_POINT_ID>"
     assert single["jobDefinitionName"] == "cleanrl-ppo"
+
+
+def efs_mounts(container: dict) -> dict:
+    """{path in the container: EFS access point} of a job definition's container."""
+    volumes = {volume["name"]: volume["efsVolumeConfiguration"] for volume in container["volumes"]}
+    return {
+        mount["containerPath"]: volumes[mount["sourceVolume"]]["authorizationConfig"]["accessPointId"]
+        for mount in container["mountPoints"]
+        if not mount["readOnly"]
+    }
+
+
+def test_job_definitions_keep_runs_and_videos_on_efs():
+    # --capture-video writes videos/{run_name}/ in the working directory: outside a volume it dies with the container.
+    single = example("job_definition.json")["containerProperties"]
+    multi = example("job_definition_multinode.json")["nodeProperties"]["nodeRangeProperties"][0]["container"]
+    workdir = dockerfile_workdir()
+    for container in (single, multi):
+        assert efs_mounts(container) == {
+            f"{workdir}/runs": "<EFS_ACCESS_POINT_ID>",
+            f"{workdir}/videos": "<EFS_VIDEOS_ACCESS_POINT_ID>",
+        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,8 +219,8 @@ def post_json(url: str, payload: dict):
 @pytest.fixture(scope="module")
 def aws():
     """moto's server on 127.0.0.1 with dummy credentials, and everything the docs' set-up creates: the
-    instance role and profile, Batch's service role, an EFS volume with an access point, then the
-    compute environments, job queues and job definitions from the example files."""
+    instance role and profile, Batch's service role, an EFS volume with access points for runs/ and
+    videos/, then the compute environments, job queues and job definitions from the example files."""
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -217,21 +246,25 @@ def aws():
     )["SecurityGroups"][0]["GroupId"]
     file_system = efs.create_file_system(CreationToken="cleanrl-runs", Encrypted=True)["FileSystemId"]
     efs.create_mount_target(FileSystemId=file_system, SubnetId=subnet, SecurityGroups=[group])
-    access_point = efs.create_access_point(
-        FileSystemId=file_system,
-        PosixUser={"Uid": 10001, "Gid": 10001},
-        RootDirectory={
-            "Path": "/cleanrl",
-            "CreationInfo": {"OwnerUid": 10001, "OwnerGid": 10001, "Permissions": "755"},
-        },
-    )["AccessPointId"]
+    access_points = {
+        path: efs.create_access_point(
+            FileSystemId=file_system,
+            PosixUser={"Uid": 10001, "Gid": 10001},
+            RootDirectory={
+                "Path": path,
+                "CreationInfo": {"OwnerUid": 10001, "OwnerGid": 10001, "Permissions": "755"},
+            },
+        )["AccessPointId"]
+        for path in ("/cleanrl", "/cleanrl-videos")
+    }
     values = dict(
         ACCOUNT_ID=session.client("sts", endpoint_url=endpoint).get_caller_identity()["Account"],
         REGION=REGION,
         SUBNET_ID=subnet,
         SECURITY_GROUP_ID=group,
         EFS_FILE_SYSTEM_ID=file_system,
-        EFS_ACCESS_POINT_ID=access_point,
+        EFS_ACCESS_POINT_ID=access_points["/cleanrl"],
+        EFS_VIDEOS_ACCESS_POINT_ID=access_points["/cleanrl-videos"],
     )
     # moto has no EC2 placement groups: the on-demand environment's "cleanrl-cluster" is not checked here.
     for name in ("compute_env.json", "compute_env_ondemand.json"):
@@ -291,11 +324,11 @@ def test_the_examples_create_valid_compute_environments_queues_and_job_definitio
         "cleanrl-ppo-multinode": "multinode",
     }
     (single,) = [d for d in definitions if d["jobDefinitionName"] == "cleanrl-ppo"]
-    volume = single["containerProperties"]["volumes"][0]["efsVolumeConfiguration"]
-    assert (volume["fileSystemId"], volume["authorizationConfig"]["accessPointId"]) == (
-        aws.values["EFS_FILE_SYSTEM_ID"],
-        aws.values["EFS_ACCESS_POINT_ID"],
-    )
+    volumes = [volume["efsVolumeConfiguration"] for volume in single["containerProperties"]["volumes"]]
+    assert [(volume["fileSystemId"], volume["authorizationConfig"]["accessPointId"]) for volume in volumes] == [
+        (aws.values["EFS_FILE_SYSTEM_ID"], aws.values["EFS_ACCESS_POINT_ID"]),
+        (aws.values["EFS_FILE_SYSTEM_ID"], aws.values["EFS_VIDEOS_ACCESS_POINT_ID"]),
+    ]
 
 
 def test_the_documented_submit_job_runs_the_definition_with_its_parameters(aws):
@@ -436,6 +469,24 @@ def test_flags_of_the_command_are_kept_not_doubled():
     assert command == base + ["--env-id", "Pong-v5", "--seed", "1", "--resume", "auto"]
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--env-ids", "Pong-v5", "--seeds", "1", "2", "1"], "--seeds repeats 1"),
+        (["--env-ids", "Pong-v5", "Breakout-v5", "Pong-v5"], "--env-ids repeats Pong-v5"),
+        (
+            ["--env-ids", "ALE/Pong-v5", "ALE_Pong-v5"],
+            "--env-ids ALE/Pong-v5 and ALE_Pong-v5 give the same job name s__ALE_Pong-v5__1",
+        ),
+    ],
+)
+def test_a_repeated_seed_or_env_id_is_a_one_line_error(args, message):
+    # Two jobs with the same env, seed and exp name would share one run folder on the EFS volume.
+    env = clean_aws_environment(AWS_ENDPOINT_URL="http://127.0.0.1:9")
+    result = run_tool("submit", *args, "--command", SWEEP_COMMAND, "--sweep-id", "s", "--dry-run", env=env)
+    assert_user_error(result, message)
+
+
 # ---------------------------------------------------------------------------------------------
 # Sweeps: monitor
 # ---------------------------------------------------------------------------------------------
@@ -478,6 +529,55 @@ def test_monitor_wait_exits_non_zero_naming_the_failed_jobs(aws, monkeypatch):
     )
 
 
+def test_monitor_wait_remembers_a_failed_job_that_drops_out_of_the_listing(aws, monkeypatch):
+    """Batch lists an ended job for a limited time only: a job that failed and then aged out of ListJobs
+    while another was still running is still a failure."""
+    for seed, fail_after in (("1", "0"), ("2", "")):
+        monkeypatch.setenv("MOTO_SIMPLE_BATCH_FAIL_AFTER", fail_after)  # read by the moto server in this process
+        submitted = run_tool(
+            "submit",
+            "--env-ids",
+            "Pong-v5",
+            "--seeds",
+            seed,
+            "--command",
+            SWEEP_COMMAND,
+            "--sweep-id",
+            "aged",
+            env=aws.env,
+        )
+        assert submitted.returncode == 0, submitted.stderr
+    backend = moto_batch.batch_backends[aws.values["ACCOUNT_ID"]][REGION]
+    (queue,) = [q for q in backend._job_queues.values() if q.name == "cleanrl-queue"]
+    jobs = {job.job_name: job for job in queue.jobs if job.job_name.startswith("aged__")}
+    jobs["aged__Pong-v5__2"].status = "RUNNING"  # moto ends its jobs at once: this one runs until told
+    monitor = subprocess.Popen(
+        [sys.executable, os.path.join(CLOUD, "monitor.py"), "--sweep-id", "aged", "--wait", "--interval", "0.5"],
+        env=aws.env,
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        first_listing = [monitor.stdout.readline() for _ in range(4)]
+        assert "1 RUNNING, 1 FAILED" in first_listing[-1], first_listing
+        queue.jobs.remove(jobs["aged__Pong-v5__1"])  # the failed job ages out of the listing
+        jobs["aged__Pong-v5__2"].status = "SUCCEEDED"
+        stdout, stderr = monitor.communicate(timeout=60)
+    finally:
+        stop(monitor)
+    result = subprocess.CompletedProcess(monitor.args, monitor.returncode, "".join(first_listing) + stdout, stderr)
+    assert_user_error(result, "1 of 2 jobs of sweep aged failed: aged__Pong-v5__1")
+
+
+@pytest.mark.parametrize("interval", ["nan", "inf", "0", "-1"])
+def test_monitor_refuses_an_interval_that_is_not_a_positive_number(interval):
+    env = clean_aws_environment(AWS_ENDPOINT_URL="http://127.0.0.1:9")
+    result = run_tool("monitor", "--sweep-id", "x", "--wait", "--interval", interval, env=env)
+    assert_user_error(result, "--interval must be a positive number of seconds")
+
+
 def test_monitor_shows_only_its_sweep_even_when_names_differ_in_case_only(aws):
     for sweep_id in ("case", "CASE"):
         result = run_tool(
@@ -506,6 +606,28 @@ def test_missing_credentials_are_a_one_line_error(aws):
         run_tool("submit", "--env-ids", "Pong-v5", "--command", SWEEP_COMMAND, env=env), "no AWS credentials"
     )
     assert_user_error(run_tool("monitor", "--sweep-id", "x", env=env), "no AWS credentials")
+
+
+def test_the_region_may_come_from_aws_region_alone(aws):
+    # botocore reads AWS_DEFAULT_REGION and ~/.aws/config only; the tools fall back to AWS_REGION.
+    env = {k: v for k, v in aws.env.items() if k != "AWS_DEFAULT_REGION"}
+    env["AWS_REGION"] = REGION
+    assert env["AWS_CONFIG_FILE"] == os.devnull  # no region from a config file either
+    result = run_tool("submit", "--env-ids", "Pong-v5", "--command", SWEEP_COMMAND, "--sweep-id", "region", env=env)
+    assert result.returncode == 0, result.stderr
+    result = run_tool("monitor", "--sweep-id", "region", "--wait", "--interval", "0.5", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "sweep region: all 1 jobs succeeded" in result.stdout
+
+
+def test_an_unknown_profile_or_an_endpoint_without_scheme_is_a_one_line_error(aws):
+    submit_args = ["--env-ids", "Pong-v5", "--command", SWEEP_COMMAND]
+    env = {**aws.env, "AWS_PROFILE": "no-such-profile"}
+    assert_user_error(run_tool("submit", *submit_args, env=env), "no-such-profile")
+    assert_user_error(run_tool("monitor", "--sweep-id", "x", env=env), "no-such-profile")
+    for tool, args in (("submit", submit_args), ("monitor", ["--sweep-id", "x"])):
+        result = run_tool(tool, *args, "--endpoint-url", "localhost:1", env=aws.env)
+        assert_user_error(result, "Invalid endpoint: localhost:1", "http://")
 
 
 def test_an_empty_env_id_list_is_a_one_line_error(aws):
@@ -789,3 +911,20 @@ def test_the_image_installs_the_project_with_its_extras_and_runs_as_a_user():
         for source in args.split()[:-1]
     }
     assert {path.split("/")[0] for path in copied} <= allowed
+
+
+def test_the_image_copies_what_pyproject_names_before_it_installs_the_project():
+    # setuptools reads the readme and license-files when it builds the project (pip install ".[...]");
+    # a license file missing from the build is a warning now and an error from 2027-02-18.
+    with open(os.path.join(REPO_ROOT, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    needed = {"pyproject.toml", project["readme"], *project["license-files"]}
+    instructions = dockerfile()
+    install = next(i for i, (instruction, args) in enumerate(instructions) if instruction == "RUN" and '".[' in args)
+    copied = {
+        source for instruction, args in instructions[:install] if instruction == "COPY" for source in args.split()[:-1]
+    }
+    assert needed <= copied, needed - copied
+    with open(os.path.join(REPO_ROOT, ".dockerignore")) as f:
+        allowed = {line.strip()[1:].rstrip("/") for line in f if line.startswith("!")}
+    assert needed <= allowed, needed - allowed

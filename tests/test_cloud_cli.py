@@ -5,7 +5,9 @@ a local AWS endpoint (moto's server in a process of its own, on 127.0.0.1, dummy
   (its sed fills the placeholders in place), with two departures, both moto's: moto has no EC2
   placement groups (the `create-placement-group` line is left out), and moto's create-service-linked-role
   names Batch's role AWSServiceRoleForbatch where AWS names it AWSServiceRoleForBatch (the role the
-  compute environments name is created after it).
+  compute environments name is created after it). And one thing of AWS's that moto lacks: a new EFS
+  file system is `creating` for a while, and AWS refuses a mount target until it is `available` (a
+  bash function in front of the aws CLI plays that part). The region is only the set-up's `export`.
 - The article's scenario 3: create-compute-environment, create-job-queue, then verbatim
   `aws batch submit-job ... --job-definition cleanrl-ppo:1 ...` and
   `aws batch describe-jobs --jobs $(aws batch list-jobs ...)`.
@@ -48,6 +50,23 @@ MULTI_NODE_SUBMIT = (
 )
 PLACEMENT_GROUP = "aws ec2 create-placement-group --group-name cleanrl-cluster --strategy cluster"
 SERVICE_ROLE = "aws iam create-service-linked-role --aws-service-name batch.amazonaws.com"
+# AWS's EFS, which moto's is not: a new file system is "creating" on the first look, and
+# create-mount-target is refused until a look has found it available.
+EFS_LIFE_CYCLE = """
+aws() {
+    case "$1 $2" in
+        "efs create-file-system") echo creating > .efs-state ;;
+        "efs describe-file-systems")
+            if [ "$(cat .efs-state)" = creating ]; then echo available > .efs-state; echo creating; return; fi ;;
+        "efs create-mount-target")
+            if [ "$(cat .efs-state)" = creating ]; then
+                echo "An error occurred (IncorrectFileSystemLifeCycleState): the file system is creating" >&2
+                return 254
+            fi ;;
+    esac
+    command aws "$@"
+}
+"""
 MOTO_SERVICE_ROLE = (
     "aws iam create-role --role-name AWSServiceRoleForBatch --path /aws-service-role/batch.amazonaws.com/ "
     "--assume-role-policy-document '{}' > /dev/null"
@@ -67,11 +86,11 @@ def set_up_blocks() -> list[str]:
     return re.findall(r"```bash\n(.*?)```", section, re.DOTALL)
 
 
-def bash(script: str, aws, cwd=None, timeout: int = 300) -> subprocess.CompletedProcess:
+def bash(script: str, aws, cwd=None, timeout: int = 300, env=None) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["bash", "-c", "set -euo pipefail\n" + script],
         cwd=cwd or aws.folder,
-        env=aws.env,
+        env=env or aws.env,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -140,7 +159,9 @@ def set_up(aws):
     script = re.sub(
         rf"^({re.escape(SERVICE_ROLE)}.*)$", lambda m: m[1] + "\n" + MOTO_SERVICE_ROLE, script, flags=re.MULTILINE
     )
-    return bash(script, aws)
+    # The region is the set-up's own: its export must reach the aws CLI, which reads AWS_DEFAULT_REGION only.
+    env = {k: v for k, v in aws.env.items() if k not in ("AWS_DEFAULT_REGION", "AWS_REGION")}
+    return bash(EFS_LIFE_CYCLE + script, aws, env=env)
 
 
 def test_the_docs_one_time_set_up_runs_verbatim(aws, set_up):
