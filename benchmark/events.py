@@ -3,9 +3,10 @@
     from benchmark.events import scalars, steady_sps
     sps = steady_sps(scalars("runs/NAME", "charts/SPS"), from_step=5500)
 
-The scripts log `charts/SPS` as steps over the whole run's time, start-up included (imports, env
-creation, compilation, a phase of random actions). The steady rate is taken between two of those
-events instead: the first one kept and the last, so the start-up falls outside it.
+The scripts log `charts/SPS` as steps over the time since their training loop began: the first
+iterations' warm-up (oneDNN's first calls, JAX's compilation) and, for the off-policy scripts, a phase of
+random actions are in it. The steady rate is taken between two of those events instead: the first one
+kept and the last, so that warm-up falls outside it.
 """
 
 

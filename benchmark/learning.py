@@ -34,6 +34,11 @@ def main():
     parser.add_argument("--workdir", default=os.path.join(REPO_ROOT, "benchmark", "results"))
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="after --: arguments for the script")
     cli = parser.parse_args()
+    script = os.path.join(REPO_ROOT, "cleanrl", f"{cli.script}.py")
+    if not os.path.isfile(script):
+        sys.exit(f"error: --script {cli.script}: there is no {os.path.relpath(script, REPO_ROOT)}")
+    if cli.last < 1:
+        sys.exit(f"error: --last must be at least 1, got {cli.last}")
     script_args = [a for a in cli.script_args if a != "--"]
     os.makedirs(cli.workdir, exist_ok=True)
 
@@ -42,7 +47,7 @@ def main():
         exp_name = f"{cli.script}_bench_{int(time.time())}"
         command = [
             sys.executable,
-            os.path.join(REPO_ROOT, "cleanrl", f"{cli.script}.py"),
+            script,
             "--seed",
             str(seed),
             "--exp-name",
@@ -51,7 +56,8 @@ def main():
         ]
         print("$", " ".join(command), flush=True)
         start = time.time()
-        subprocess.run(command, cwd=cli.workdir, check=True)
+        if subprocess.run(command, cwd=cli.workdir).returncode != 0:
+            sys.exit(f"error: seed {seed}'s run failed (its output is above)")
         (run_dir,) = glob.glob(os.path.join(cli.workdir, "runs", f"*__{exp_name}__{seed}__*"))
         returns = episodic_returns(run_dir)[-cli.last :]
         mean = sum(returns) / len(returns) if returns else float("nan")

@@ -319,6 +319,8 @@ def main():
     parser.add_argument("--scripts", nargs="+", choices=list(SCRIPTS), default=list(SCRIPTS))
     parser.add_argument("--rounds", type=int, default=2)
     options = parser.parse_args()
+    if options.rounds < 1:
+        parser.exit(2, "error: --rounds must be at least 1\n")
     os.environ["OMP_NUM_THREADS"] = "1"  # one thread in every measurement: the fresh processes and the runs
     torch.set_num_threads(1)
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores", flush=True)

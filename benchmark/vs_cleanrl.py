@@ -61,7 +61,8 @@ class Pair:
 
 
 PAIRS = {
-    # 10,000 random steps, then learning with epsilon at its floor from step 20,000 (half the budget)
+    # 10,000 random steps, then learning; epsilon reaches its floor at step 30,000 (half the budget), and the
+    # window from step 25,000 holds its last 5,000 steps of decay (0.06 on average instead of 0.05), both sides alike
     "dqn": Pair("dqn", ["--env-id", "CartPole-v1", "--total-timesteps", "60000"], 25_000),
     "sac": Pair("sac_continuous_action", ["--env-id", "HalfCheetah-v5", "--total-timesteps", "9000"], 5_500),
     # 2,000 random steps, then learning every 4th step; measured over its last 4,000 steps
@@ -71,7 +72,8 @@ PAIRS = {
         + ["--buffer-size", "10000"],
         4_000,
     ),
-    # 12 iterations of 8 envs x 128 steps; the first two (start-up, oneDNN's first calls) left out
+    # 12 iterations of 8 envs x 128 steps; the first three (start-up, oneDNN's first calls) left out: the first
+    # SPS event at or past step 3,072 ends iteration 3, and the steady rate runs from there
     "ppo_atari": Pair("ppo_atari", ["--env-id", "BreakoutNoFrameskip-v4", "--total-timesteps", "12288"], 3_072),
     "ppo_atari_bf16": Pair(
         "ppo_atari",
@@ -87,7 +89,7 @@ PAIRS = {
         3_072,
         torchrun=2,
     ),
-    # 10 iterations of 2048 steps, the first left out
+    # 10 iterations of 2048 steps, the first two left out (the window starts at the end of iteration 2)
     "ppo_continuous_action": Pair(
         "ppo_continuous_action", ["--env-id", "HalfCheetah-v5", "--total-timesteps", "20480"], 4_096
     ),
@@ -267,6 +269,8 @@ def main():
             parser.exit(2, f"error: {path} does not exist: --cleanrl-dir must be a checkout of CleanRL\n")
     if cli.rounds < 1:
         parser.exit(2, "error: --rounds must be at least 1\n")
+    if cli.json and not os.path.isdir(os.path.dirname(os.path.abspath(cli.json))):
+        parser.exit(2, f"error: --json {cli.json}: its folder does not exist\n")  # found now, not after the runs
 
     setups = [(name, processes) for name in cli.pairs for processes in ((1, 2) if cli.parallel else (1,))]
     samples = {(name, processes, side): [] for name, processes in setups for side in ("cleanrl", "ours")}

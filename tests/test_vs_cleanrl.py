@@ -137,3 +137,6 @@ def test_bad_input_is_a_one_line_error(tmp_path):
         (tmp_path / "cleanrl" / f"{name}.py").write_text("")
     result = run_tool("vs_cleanrl.py", "--cleanrl-dir", str(tmp_path), "--rounds", "0", cwd=tmp_path)
     assert_user_error(result, "--rounds")
+    # a --json that cannot be written is found before the half hour of runs, not after it
+    result = run_tool("vs_cleanrl.py", "--cleanrl-dir", str(tmp_path), "--json", "no/such/folder/x.json", cwd=tmp_path)
+    assert_user_error(result, "--json no/such/folder/x.json: its folder does not exist")
