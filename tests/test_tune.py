@@ -162,13 +162,19 @@ def first_run_started(process: subprocess.Popen) -> tuple[int, int, str]:
     raise AssertionError("".join(lines))
 
 
-def test_sigterm_stops_the_runs_cleanly_and_queues_the_trial_again(tmp_path):
+def tuner_with_a_long_run(cwd) -> tuple[subprocess.Popen, int]:
+    """A tuner of one trial whose run trains long, 2 s after the run started: (the tuner, the run's pid)."""
     process = start_tuner(
         "--command", f"{PPO} --total-timesteps 100000", "--env-ids", "CartPole-v1",
-        "--param", "learning-rate=log:1e-4:1e-2", "--n-trials", "1", *QUICK, cwd=tmp_path,
+        "--param", "learning-rate=log:1e-4:1e-2", "--n-trials", "1", *QUICK, cwd=cwd,
     )  # fmt: skip
     _, run_pid, _ = first_run_started(process)
     time.sleep(2)
+    return process, run_pid
+
+
+def test_sigterm_stops_the_runs_cleanly_and_queues_the_trial_again(tmp_path):
+    process, run_pid = tuner_with_a_long_run(tmp_path)
     process.send_signal(signal.SIGTERM)  # a scheduler's stop, a kill: as Ctrl-C
     output = process.communicate(timeout=120)[0]
     assert process.returncode == 130, output
@@ -183,12 +189,7 @@ def test_sigterm_stops_the_runs_cleanly_and_queues_the_trial_again(tmp_path):
 def test_a_second_sigterm_while_the_runs_stop_still_stops_them_and_records_the_trial(tmp_path):
     # The second signal comes while the first one's stop waits for the run to exit: at SIGTERM's default
     # action it killed the tuner there, leaving the trial RUNNING and nothing queued.
-    process = start_tuner(
-        "--command", f"{PPO} --total-timesteps 100000", "--env-ids", "CartPole-v1",
-        "--param", "learning-rate=log:1e-4:1e-2", "--n-trials", "1", *QUICK, cwd=tmp_path,
-    )  # fmt: skip
-    _, run_pid, _ = first_run_started(process)
-    time.sleep(2)
+    process, run_pid = tuner_with_a_long_run(tmp_path)
     process.send_signal(signal.SIGTERM)
     time.sleep(0.05)
     process.send_signal(signal.SIGTERM)
