@@ -131,8 +131,8 @@ def envpool_task(env_id: str) -> str:
 
 def make_envs(env_id, num_envs, repeat_action_probability, seed, max_episode_steps, noop_max=30, rgb_frames=False):
     # Environment i is seeded with seed + i (envpool ignores reset(seed=...)). episodic_life: a lost life sets
-    # `terminated` but the game goes on, FIRE pressed on the next step; info["terminated"] marks the real game
-    # over. reward_clip: the reward is sign(reward), info["reward"] the raw one. rgb_frames: the same
+    # `terminated` but the game goes on, random no-ops then FIRE on the next step; info["terminated"] marks the
+    # real game over. reward_clip: the reward is sign(reward), info["reward"] the raw one. rgb_frames: the same
     # games as full 210x160 RGB screens (for videos) instead of the agent's 84x84 grayscale stacks.
     return envpool.make_gymnasium(
         envpool_task(env_id),

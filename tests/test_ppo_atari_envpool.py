@@ -142,6 +142,25 @@ def test_episodic_life_terminates_at_each_lost_life_and_the_game_goes_on():
     assert game_over_flags == [False, False, False, False, True]
 
 
+def test_the_step_after_a_lost_life_plays_random_no_ops_then_fire():
+    # Breakout's RAM byte 90 counts frames: a played step advances it by 4 (the frame skip), the reset step
+    # after a lost life by its random no-op frames plus FIRE's, frames in which the agent does not act.
+    envs = ppo_envpool.make_envs("Breakout-v5", 1, 0.0, 1, 27_000)
+    _, info = envs.reset()
+    frame, reset_step, played, after_lost_lives = int(info["ram"][0][90]), False, [], []
+    for _ in range(1000):
+        _, _, terminated, truncated, info = envs.step(np.zeros(1, dtype=np.int64))
+        frames, frame = (int(info["ram"][0][90]) - frame) % 256, int(info["ram"][0][90])
+        if info["terminated"][0]:  # the game over resets the counter
+            break
+        (after_lost_lives if reset_step else played).append(frames)
+        reset_step = bool(terminated[0] or truncated[0])
+    envs.close()
+    assert set(played) == {4}
+    assert len(after_lost_lives) == 4 and all(1 <= f <= 30 for f in after_lost_lives), after_lost_lives
+    assert len(set(after_lost_lives)) > 1, "the number of no-ops is drawn at random"
+
+
 def test_a_truncated_step_returns_the_real_last_observation_and_the_next_step_a_new_game():
     envs = ppo_envpool.make_envs("Breakout-v5", 1, 0.0, 1, 20)
     previous_obs, _ = envs.reset()
