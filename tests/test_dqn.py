@@ -126,6 +126,14 @@ def test_replay_buffer_keeps_and_samples_only_the_newest_transitions():
     torch.testing.assert_close(batch["rewards"], batch["obs"][:, 0])
 
 
+def test_a_partly_filled_replay_buffer_samples_only_the_transitions_written():
+    rb = dqn.ReplayBuffer(100, (1,))
+    numbers = np.arange(1, 6, dtype=np.float32)[:, None]  # 5 transitions in a memory of 100
+    rb.add(numbers, numbers + 100, np.zeros(5, np.int64), numbers[:, 0], np.zeros(5))
+    batch = rb.sample(1000, np.random.default_rng(0), "cpu")
+    assert set(batch["obs"][:, 0].tolist()) == {1.0, 2.0, 3.0, 4.0, 5.0}
+
+
 class CountingQNetwork(dqn.QNetwork):
     """Greedy action 2 of 3 for every state; counts the times acting ran the network."""
 
@@ -235,6 +243,22 @@ def test_the_td_target_bootstraps_from_the_target_network(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     args = small_args("CartPole-v1", total_timesteps=300, target_network_frequency=10**6, learning_rate=0.01)
     assert_td_target_bootstraps_from_the_target_network(dqn, "ReplayBuffer", args, monkeypatch)
+
+
+def test_a_target_update_copies_the_q_network_into_the_target_not_the_target_into_it(tmp_path, monkeypatch):
+    # The run ends on a target update (step 400, a multiple of 50) right after a Q-network update: the model it
+    # saves is what the Q-network learned. Copied the wrong way, the update would reset the Q-network to the
+    # target's weights, the initial ones: those a run with learning rate 0 saves.
+    saved = {}
+    for learning_rate in (0.0, 0.01):
+        folder = tmp_path / f"lr-{learning_rate}"
+        folder.mkdir()
+        monkeypatch.chdir(folder)
+        dqn.main(small_args("CartPole-v1", learning_rate=learning_rate, save_model=True, eval_episodes=1))
+        (model_path,) = glob.glob(str(folder / "runs" / "*" / "dqn.cleanrl_model"))
+        saved[learning_rate] = torch.load(model_path, weights_only=True)["model"]
+    assert saved[0.0].keys() == saved[0.01].keys()
+    assert not any(torch.equal(saved[0.0][name], saved[0.01][name]) for name in saved[0.0])
 
 
 def test_epsilon_is_logged_along_its_schedule(tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from references import assert_gae_matches_reference
+from references import assert_gae_matches_reference, assert_ppo_loss_matches_reference
 from run_outputs import (
     PPO_TAGS,
     assert_progress_follows_the_convention,
@@ -76,6 +76,29 @@ def test_gae_with_lambda_one_returns_the_discounted_rewards_plus_bootstrap():
         discounts = gamma ** np.arange(num_steps - t)
         expected = (discounts[:, None] * rewards[t:]).sum(axis=0) + gamma ** (num_steps - t) * next_value
         np.testing.assert_allclose(returns[t].numpy(), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_ppo_loss_matches_the_clipped_objective_of_the_paper():
+    assert_ppo_loss_matches_reference(ppo.ppo_loss, ppo.Args())
+
+
+def test_the_learning_rate_anneals_linearly_to_0_from_its_full_value_at_the_first_iteration(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ppo.main(small_args("TerminatesAfter5-v0", total_timesteps=128))  # 4 iterations of 32 steps
+    learning_rates = read_scalars(run_dirs(tmp_path)[0])["charts/learning_rate"]
+    assert [step for step, _ in learning_rates] == [32, 64, 96, 128]
+    np.testing.assert_allclose([lr for _, lr in learning_rates], [2.5e-4 * (1 - i / 4) for i in range(4)], rtol=1e-6)
+
+
+def test_a_max_grad_norm_of_0_clips_every_gradient_to_0_so_the_policy_never_changes(tmp_path, monkeypatch):
+    # Adam's steps do not shrink with the gradient's size, only a zero gradient leaves the weights alone:
+    # with --max-grad-norm 0 every update must be a no-op, whatever the learning rate.
+    monkeypatch.chdir(tmp_path)
+    ppo.main(small_args("CartPole-v1", total_timesteps=128, learning_rate=0.01, max_grad_norm=0.0))
+    scalars = read_scalars(run_dirs(tmp_path)[0])
+    assert len(scalars["losses/approx_kl"]) == 4
+    assert all(abs(kl) < 1e-9 for _, kl in scalars["losses/approx_kl"] + scalars["losses/old_approx_kl"])
+    assert all(clipfrac == 0 for _, clipfrac in scalars["losses/clipfrac"])
 
 
 def rollouts_of_a_run(monkeypatch, args: ppo.Args) -> list[tuple[torch.Tensor, ...]]:

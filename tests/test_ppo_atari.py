@@ -1,5 +1,6 @@
 """Specification of cleanrl/ppo_atari.py."""
 
+import dataclasses
 import glob
 import os
 
@@ -279,6 +280,22 @@ def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):
 def test_a_resumed_run_restores_its_state_and_goes_on_in_its_directory(tmp_path, monkeypatch, capsys):
     args = dict(num_envs=2, num_steps=128, cuda=False)
     assert_run_resumes_where_its_checkpoint_left_it(ppo_atari, tmp_path, monkeypatch, capsys, args)
+
+
+def test_after_a_resume_the_random_stream_goes_on_from_the_checkpoint(tmp_path, monkeypatch):
+    # Every iteration draws as many numbers from torch's stream (sampled actions, shuffled minibatches)
+    # whatever the games: a run resumed from its iteration-2 checkpoint ends iteration 4 with the stream
+    # where the run that never stopped left it, not where a fresh start would.
+    monkeypatch.chdir(tmp_path)
+    args = dict(num_envs=2, num_steps=32, num_minibatches=2, update_epochs=1, cuda=False)
+    run = ppo_atari.Args(**args, total_timesteps=4 * 64, checkpoint_every=2)
+    ppo_atari.main(run)
+    (run_dir,) = run_dirs(tmp_path)
+    last = os.path.join(run_dir, "checkpoints", "iteration-0000004.pt")
+    uninterrupted = torch.load(last, weights_only=True)["rng_state"]["torch"]
+    os.remove(last)
+    ppo_atari.main(dataclasses.replace(run, resume="auto"))
+    assert torch.equal(torch.load(last, weights_only=True)["rng_state"]["torch"], uninterrupted)
 
 
 def test_the_newest_checkpoints_are_kept_by_their_number(tmp_path):

@@ -28,7 +28,7 @@ from evaluation import (
 from fake_envs import assert_time_limit_cuts_only_episodes_that_go_on
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
-from references import assert_gae_matches_reference
+from references import assert_gae_matches_reference, reference_ppo_loss
 from run_outputs import (
     assert_progress_follows_the_convention,
     assert_progress_line_per_iteration,
@@ -112,6 +112,32 @@ def test_episode_statistics_count_played_steps_and_reset_at_game_over_or_time_li
     stats, (over, returns, lengths) = step(stats, [5.0, 1.0], [True, True], [True, True])
     assert returns.tolist() == [5.0, 5.0] and lengths.tolist() == [1, 4]
     assert stats.returns.tolist() == [0.0, 0.0] and stats.lengths.tolist() == [0, 0]
+
+
+def test_the_ppo_objective_of_played_steps_is_the_clipped_objective_of_the_paper():
+    # Every step played: the script's objective is the reference's on the same minibatch, with the
+    # advantages as given (update_minibatch normalizes them before). The old log-probabilities put
+    # the ratios on both sides of the clip.
+    args = small_args()
+    agent = ppo_jax.Agent(4)
+    params = ppo_jax.init_params(agent, jax.random.key(0))
+    mb = random_batch(np.random.default_rng(0), 64, played_fraction=1.0)
+    loss, stats = jax.jit(lambda mb: ppo_jax.ppo_loss(params, agent, mb, mb.advantages, 64, args))(mb)
+    get_action_and_value = ppo_jax.Agent.get_action_and_value
+    _, newlogprob, entropy, newvalue = agent.apply(params, mb.obs, action=mb.actions, method=get_action_and_value)
+    inputs = (newlogprob, entropy, newvalue, mb.logprobs, mb.advantages, mb.returns, mb.values)
+    expected, expected_stats = reference_ppo_loss(
+        *(np.asarray(x, np.float64).ravel().tolist() for x in inputs),
+        args.clip_coef,
+        args.ent_coef,
+        args.vf_coef,
+        norm_adv=False,
+        clip_vloss=args.clip_vloss,
+    )
+    assert 0.1 < expected_stats["clipfrac"] < 0.9, "the data reaches both sides of the clip"
+    np.testing.assert_allclose(float(loss), expected, rtol=1e-4)
+    for name, value in expected_stats.items():
+        np.testing.assert_allclose(float(stats[name]), value, rtol=1e-4, atol=1e-6, err_msg=name)
 
 
 def test_the_loss_ignores_reset_steps():

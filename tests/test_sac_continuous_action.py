@@ -218,6 +218,22 @@ def test_a_terminated_transition_is_stored_as_terminal(tmp_path, monkeypatch):
     np.testing.assert_array_equal(rb.terminations[:40], (t == 4).astype(np.float32))
 
 
+def test_a_target_update_moves_the_target_critics_towards_the_online_ones_not_the_reverse(tmp_path, monkeypatch):
+    # With tau = 1 every step copies the critics into their targets. Copied the wrong way, the critics would be
+    # reset to the targets' weights, the initial ones, after every update: those a run with q_lr 0 saves.
+    saved = {}
+    for q_lr in (0.0, 1e-3):
+        folder = tmp_path / f"q_lr-{q_lr}"
+        folder.mkdir()
+        monkeypatch.chdir(folder)
+        args = dict(total_timesteps=60, learning_starts=40, batch_size=16, tau=1.0, save_model=True, eval_episodes=1)
+        sac.main(sac.Args(env_id="StepCountTerminatesAfter5-v0", q_lr=q_lr, **args, cuda=False))
+        (model_path,) = glob.glob(str(folder / "runs" / "*" / "sac_continuous_action.cleanrl_model"))
+        saved[q_lr] = torch.load(model_path, weights_only=True)["model"]["qf"]
+    assert saved[0.0].keys() == saved[1e-3].keys()
+    assert not any(torch.equal(saved[0.0][name], saved[1e-3][name]) for name in saved[0.0])
+
+
 def test_the_soft_target_comes_from_the_target_critics_at_the_next_observations_sampled_actions(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     critics, samples, actor_calls, checked = [], [], [], []
