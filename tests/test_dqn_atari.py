@@ -652,5 +652,27 @@ def test_a_resumed_run_goes_on_in_its_directory_with_each_step_logged_once(tmp_p
         torch.set_num_threads(threads)
 
 
+def test_a_resumed_run_takes_its_td_targets_from_the_checkpoints_target_network(tmp_path, monkeypatch):
+    # Target updates at steps 300 and 600: the checkpoint at 400 holds the Q-network of step 300 as its target.
+    # The run resumed from it writes a checkpoint at 500, before its next target update, with that same target
+    # network (a fresh one would be the initial weights, and bootstrap from them until step 600).
+    monkeypatch.chdir(tmp_path)
+    args = dict(total_timesteps=800, learning_starts=200, buffer_size=2000, target_network_frequency=300, cuda=False)
+    uncut = cut_off_at(dqn_atari, monkeypatch, 500)
+    with pytest.raises(CutOff):
+        dqn_atari.main(dqn_atari.Args(**args, checkpoint_every=400))
+    uncut()
+    (resumed_from,) = glob.glob("runs/*/checkpoints/step-000000400.pt")
+    target = torch.load(resumed_from, weights_only=True)["target_network"]
+    uncut = cut_off_at(dqn_atari, monkeypatch, 600)
+    with pytest.raises(CutOff):
+        dqn_atari.main(dqn_atari.Args(**args, checkpoint_every=100, resume="auto"))
+    uncut()
+    (later,) = glob.glob("runs/*/checkpoints/step-000000500.pt")
+    assert not os.path.exists(resumed_from)
+    for name, value in torch.load(later, weights_only=True)["target_network"].items():
+        assert torch.equal(value, target[name]), name
+
+
 def test_the_newest_checkpoints_are_kept_by_their_number(tmp_path):
     assert_the_newest_checkpoints_are_kept_by_their_number(dqn_atari, tmp_path, "step", 9)

@@ -74,6 +74,28 @@ def test_minibatches_hold_every_played_step_once_and_no_reset_step():
     assert sorted(indices.tolist()) == torch.nonzero(played.reshape(-1)).flatten().tolist()
 
 
+def test_the_update_learns_from_every_step_but_the_reset_steps_after_an_episode_ends(tmp_path, monkeypatch):
+    # A run's update is given the steps played: all but those that follow a lost life, a game over or a
+    # time-limit cut (envpool ignores their actions), also across the end of a rollout.
+    monkeypatch.chdir(tmp_path)
+    made, masks, real_played_minibatches = (
+        recording_make_envs(ppo_envpool, monkeypatch),
+        [],
+        ppo_envpool.played_minibatches,
+    )
+    monkeypatch.setattr(
+        ppo_envpool,
+        "played_minibatches",
+        lambda played, n: masks.append(played.clone()) or real_played_minibatches(played, n),
+    )
+    args = dict(num_envs=2, num_steps=64, num_minibatches=2, update_epochs=1, max_episode_steps=100, cuda=False)
+    ppo_envpool.main(ppo_envpool.Args(env_id="Breakout-v5", total_timesteps=3 * 128, **args))
+    ended = np.array([terminated | truncated for _, terminated, truncated, _ in made[0].steps])
+    expected = np.concatenate([np.ones((1, 2), bool), ~ended[:-1]])
+    assert len(masks) == 3 and (~expected).sum() >= 3, "lives lost and time limits hit: some reset steps"
+    np.testing.assert_array_equal(torch.cat(masks).numpy(), expected)
+
+
 def test_fewer_played_steps_than_minibatches_give_fewer_minibatches_none_empty():
     # Tiny settings (1 env, 2 steps, 4 minibatches, --no-norm-adv) can leave 1 played step: no empty minibatch.
     played = torch.tensor([[False], [True]])
