@@ -731,7 +731,7 @@ def load_checkpoint(resume: str, args: Args) -> dict | None:
     if not os.path.isfile(resume):
         fail(f"--resume {resume!r}: no such checkpoint file (pass a runs/*/checkpoints/ file or auto)")
     try:
-        checkpoint = torch.load(resume, map_location="cpu", weights_only=True, mmap=True)  # this script
+        checkpoint = torch.load(resume, map_location="cpu", weights_only=True)  # this script: read whole (20 MB)
         saved_args, run_name, global_step = dict(checkpoint["args"]), checkpoint["run_name"], checkpoint["global_step"]
     except Exception as e:  # an unreadable file, or a saved model instead of a checkpoint
         fail(f"--resume {resume!r} is not a readable {os.path.basename(__file__)} checkpoint ({type(e).__name__})")

@@ -3,6 +3,9 @@
 
 import os
 import re
+import shutil
+import threading
+import time
 
 import numpy as np
 import torch
@@ -66,7 +69,15 @@ def assert_run_resumes_where_its_checkpoint_left_it(
 
     # Resuming is deterministic: the same checkpoint resumed again logs the same games, losses and learning
     # rates, bit for bit (a run split over machines learns as one that never stopped would, given its resumes).
-    module.main(module.Args(**run, resume=os.path.join(checkpoints, f"iteration-0000002.{extension}")))
+    # This time it checkpoints every iteration (how a run is saved may change): the checkpoint it resumed from
+    # is removed at iteration 4, and the run, which copied everything out of it, holds none of it mapped.
+    resumed_from = os.path.join(checkpoints, f"iteration-0000002.{extension}")
+    shutil.copy2(resumed_from, tmp_path / "kept_checkpoint")
+    mapped, watcher = mappings_once_removed(resumed_from)
+    module.main(module.Args(**dict(run, checkpoint_every=1), resume=resumed_from))
+    watcher.join(timeout=10)
+    assert not watcher.is_alive() and mapped == [], "the removed checkpoint's disk space is held by the run"
+    shutil.copy2(tmp_path / "kept_checkpoint", resumed_from)  # with its time: iteration 4's stays the newest
     output_again = capsys.readouterr().out
     assert re.search(rf"resuming \S+ at step {2 * batch:,} from \S+{saved_at}", output_again), output_again
     assert f"finished 4 iterations, {4 * batch} steps" in output_again
@@ -103,3 +114,19 @@ def assert_the_newest_checkpoints_are_kept_by_their_number(module, folder, prefi
             str(folder), f"{prefix}-{number:0{digits}d}.{extension}", {"step": number}, module.Args(), "run"
         )
     assert sorted(os.listdir(folder)) == sorted(f"{prefix}-{number}.{extension}" for number in numbers[-2:])
+
+
+def mappings_once_removed(path: str) -> tuple[list, threading.Thread]:
+    """Watches from a thread for `path` to be removed, then lists this process's mappings of it (a
+    memory-mapped file that is still mapped keeps its disk space)."""
+    found = []
+
+    def watch():
+        while os.path.exists(path):
+            time.sleep(0.005)
+        with open("/proc/self/maps") as maps:
+            found.extend(line for line in maps if os.path.basename(path) in line)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return found, thread

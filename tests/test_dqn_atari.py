@@ -3,14 +3,12 @@
 import glob
 import os
 import re
-import threading
-import time
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
-from checkpoints import assert_the_newest_checkpoints_are_kept_by_their_number
+from checkpoints import assert_the_newest_checkpoints_are_kept_by_their_number, mappings_once_removed
 from evaluation import (
     assert_corrupt_checkpoint_rejected,
     assert_evaluation_printed,
@@ -527,22 +525,6 @@ def test_a_checkpoint_of_a_partly_written_memory_holds_only_the_written_slots(tm
     loaded.load_state_dict(torch.load(path, weights_only=True, mmap=True))
     for name in (*dqn_atari.FrameReplayBuffer.SLOT_ARRAYS, "pos", "used"):
         np.testing.assert_array_equal(getattr(loaded, name), getattr(rb, name))
-
-
-def mappings_once_removed(path: str) -> tuple[list, threading.Thread]:
-    """Watches from a thread for `path` to be removed, then lists this process's mappings of it (a
-    memory-mapped file that is still mapped keeps its disk space)."""
-    found = []
-
-    def watch():
-        while os.path.exists(path):
-            time.sleep(0.005)
-        with open("/proc/self/maps") as maps:
-            found.extend(line for line in maps if os.path.basename(path) in line)
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return found, thread
 
 
 def test_a_resumed_run_goes_on_in_its_directory_with_each_step_logged_once(tmp_path, monkeypatch, capsys):
