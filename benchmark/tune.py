@@ -666,8 +666,20 @@ def work(study: optuna.Study, storage, setup: Setup, cli) -> int:
     stop_signals = [
         number for number in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(number) is not signal.SIG_IGN
     ]
-    for number in stop_signals:
-        signal.signal(number, runner.raise_interrupted)
+    # A stop (Ctrl-C, SIGTERM, SIGHUP) is acted on at the top of the loop, between two calls to the storage.
+    # Raised where it came, it could break a database query half sent (a traceback, exit 1) or fall between a
+    # trial's creation and its registration here, leaving the trial RUNNING. A second one stops at once.
+    stop_requested = []
+
+    def request_stop(number, frame):
+        if stop_requested:
+            raise KeyboardInterrupt()
+        stop_requested.append(number)
+
+    held = {number: signal.getsignal(number) for number in (signal.SIGINT, *stop_signals)}
+    for number, handler in held.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(number, request_stop)
 
     def let_go(trial_runs: TrialRuns):
         active.remove(trial_runs)
@@ -677,6 +689,8 @@ def work(study: optuna.Study, storage, setup: Setup, cli) -> int:
     last_beat = last_count = 0.0
     try:
         while True:
+            if stop_requested:
+                raise runner.Interrupted()
             now = time.time()
             if now - last_beat >= cli.heartbeat_interval / 2:
                 for trial_runs in list(active):
@@ -748,6 +762,9 @@ def work(study: optuna.Study, storage, setup: Setup, cli) -> int:
             flush=True,
         )
         return 130
+    finally:  # the report after the trials stops at Ctrl-C as usual
+        for number, handler in held.items():
+            signal.signal(number, handler)
 
 
 # ---------------------------------------------------------------------------------------------

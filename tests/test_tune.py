@@ -14,6 +14,7 @@ import time
 
 import optuna
 import pytest
+import sqlalchemy
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 from running import REPO_ROOT, assert_user_error, is_alive, read_scalars, run_tool, subprocess_environment
@@ -463,6 +464,35 @@ def test_a_tuner_killed_mid_trial_has_its_trial_failed_and_retried_by_the_others
     started = started_trials(killed_output) + [number for output in outputs for number in started_trials(output)]
     assert sorted(started) == sorted(set(started)) == [trial.number for trial in trials]
     assert all(trial.state in (TrialState.COMPLETE, TrialState.FAIL) for trial in trials)
+
+
+def test_a_stop_signal_while_a_trial_starts_stops_that_trial_too(postgresql, tmp_path):
+    # The signal comes after the trial is in the study and before its runs are: here the tuner waits on a lock
+    # that another connection holds on the trials' attributes, which it writes next. That trial used to stay
+    # RUNNING, with no retry queued and the tuner saying it stopped none.
+    optuna.create_study(storage=postgresql, study_name="tables")  # the schema, to lock a table of it
+    engine = sqlalchemy.create_engine(postgresql)
+    with engine.connect() as holder, engine.connect() as watcher:
+        holder.execute(sqlalchemy.text("LOCK TABLE trial_user_attributes IN EXCLUSIVE MODE"))
+        process = start_tuner(
+            "--command", f"{PPO} --total-timesteps 100000", "--storage", postgresql, "--study-name", "held",
+            *"--env-ids CartPole-v1 --param learning-rate=log:1e-4:1e-2 --n-trials 1".split(), *QUICK, cwd=tmp_path,
+        )  # fmt: skip
+        waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        deadline = time.time() + 60
+        while watcher.execute(sqlalchemy.text(waiting)).scalar() == 0:
+            assert process.poll() is None and time.time() < deadline, "the tuner never waited on the lock"
+            watcher.rollback()  # a transaction sees one snapshot of pg_stat_activity
+            time.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        holder.rollback()  # the lock goes
+        output = process.communicate(timeout=120)[0]
+    engine.dispose()
+    assert process.returncode == 130, output
+    assert output.strip().splitlines()[-1] == "error: interrupted: stopped trial(s) 0 (failed, and queued to run again)"
+    trials = optuna.load_study(study_name="held", storage=postgresql).get_trials()
+    assert [trial.state for trial in trials] == [TrialState.FAIL, TrialState.WAITING]
 
 
 def test_aws_batch_is_one_array_job_of_tuners_of_the_study(postgresql):
