@@ -720,6 +720,26 @@ def test_a_job_definition_without_the_env_id_parameter_is_a_one_line_error(aws):
     assert_user_error(result, "job definition plain:1 has no envId parameter")
 
 
+def test_a_job_definition_named_without_revision_is_checked_at_its_newest(aws):
+    definition = example("job_definition.json", aws.values)
+    container = definition["containerProperties"]
+    aws.batch.register_job_definition(jobDefinitionName="grown", type="container", containerProperties=container)
+    aws.batch.register_job_definition(**{**definition, "jobDefinitionName": "grown"})  # revision 2 has envId
+    result = run_tool(
+        "submit",
+        "--env-ids",
+        "Pong-v5",
+        "--command",
+        SWEEP_COMMAND,
+        "--sweep-id",
+        "grown",
+        "--job-definition",
+        "grown",
+        env=aws.env,
+    )
+    assert result.returncode == 0, result.stderr
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -130,6 +130,13 @@ def test_the_mean_over_seeds_stops_where_the_shortest_seed_stops(tmp_path):
     assert (line.get_xdata()[0], line.get_xdata()[-1]) == (100, 1000)
 
 
+def test_a_script_with_one_seed_has_a_line_and_no_band(tmp_path):
+    write_run(tmp_path, "Pong-v5__alpha__1__1700000000", [1.0] * 10, text=None)
+    (ax,) = plot.plot_returns(plot.read_runs(str(tmp_path)), "steps", window=1).axes
+    assert [line.get_label() for line in ax.get_lines()] == ["alpha (1 seed)"]
+    assert len(ax.collections) == 0
+
+
 def test_the_table_gives_the_final_return_of_the_last_100_games_over_seeds(study):
     rows = table_rows((study[0] / "out" / "results.md").read_text())
     assert len(rows) == len(SCRIPTS) * len(ENV_IDS)

@@ -136,6 +136,18 @@ def test_a_run_started_again_replaces_its_earlier_log(tmp_path):
     assert log.startswith(f"# {FAKE} --env-id Pong --seed 1\n") and log.count("# exit 0 after ") == 1
 
 
+def test_one_worker_runs_one_run_at_a_time(tmp_path):
+    result = runner("--env-ids", "Pong", "--seeds", "1", "2", "--workers", "1", "--command", FAKE, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    events = re.findall(r"^\[[\d:]+\] (started|done) (\S+)", result.stdout, re.MULTILINE)
+    assert events == [
+        ("started", "Pong__fake_train__1"),
+        ("done", "Pong__fake_train__1"),
+        ("started", "Pong__fake_train__2"),
+        ("done", "Pong__fake_train__2"),
+    ]
+
+
 def test_off_a_terminal_progress_comes_as_plain_lines_with_the_latest_sps_and_return(tmp_path):
     result = runner(
         "--env-ids",
