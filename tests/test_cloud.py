@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import tomllib
 import types
 import urllib.request
@@ -437,6 +438,13 @@ def test_scripts_without_checkpoints_get_no_resume_flags():
     assert command == ["python", "cleanrl/ppo.py", "--env-id", "CartPole-v1", "--seed", "3", "--exp-name", "s"]
 
 
+def test_checkpoint_every_0_gives_a_checkpointing_script_no_resume_flags():
+    base = ["python", "cleanrl/ppo_atari_multigpu.py"]
+    _, fields = submit.script_fields(base)
+    command = submit.container_command(base, fields, "Pong-v5", 1, "s", 0)
+    assert command == base + ["--env-id", "Pong-v5", "--seed", "1", "--exp-name", "s"]
+
+
 def test_a_script_that_checkpoints_every_n_env_steps_gets_its_interval_from_the_command():
     # dqn_atari.py counts env steps: the sweep's interval in iterations (50) would mean a 7 GB checkpoint every 50 steps
     assert submit.counts_checkpoints_in_iterations("cleanrl/ppo_atari_multigpu.py")
@@ -460,6 +468,12 @@ def test_a_script_that_checkpoints_every_n_env_steps_gets_its_interval_from_the_
     command = request["containerOverrides"]["command"]
     assert command[command.index("--checkpoint-every") + 1] == "250000" and command.count("--checkpoint-every") == 1
     assert command[command.index("--resume") + 1] == "auto"
+
+
+def test_the_total_timesteps_parameter_is_read_from_either_flag_form():
+    for command in (["--total-timesteps", "5000"], ["--total-timesteps=5000"], ["--total_timesteps=5000"]):
+        parameters = submit.parameters(["python", "cleanrl/ppo_atari.py", *command], "Pong-v5")
+        assert parameters == {"envId": "Pong-v5", "totalTimesteps": "5000"}
 
 
 def test_flags_of_the_command_are_kept_not_doubled():
@@ -571,6 +585,69 @@ def test_monitor_wait_remembers_a_failed_job_that_drops_out_of_the_listing(aws, 
     assert_user_error(result, "1 of 2 jobs of sweep aged failed: aged__Pong-v5__1")
 
 
+def test_monitor_wait_goes_on_while_a_job_runs_after_another_has_ended(aws, monkeypatch):
+    monkeypatch.setenv("MOTO_SIMPLE_BATCH_FAIL_AFTER", "")  # read by the moto server in this process
+    submitted = run_tool(
+        "submit",
+        "--env-ids",
+        "Pong-v5",
+        "--seeds",
+        "1",
+        "2",
+        "--command",
+        SWEEP_COMMAND,
+        "--sweep-id",
+        "slow",
+        env=aws.env,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    backend = moto_batch.batch_backends[aws.values["ACCOUNT_ID"]][REGION]
+    (queue,) = [q for q in backend._job_queues.values() if q.name == "cleanrl-queue"]
+    (running,) = [job for job in queue.jobs if job.job_name == "slow__Pong-v5__2"]
+    running.status = "RUNNING"  # moto ends its jobs at once: this one runs until told
+    monitor = subprocess.Popen(
+        [sys.executable, os.path.join(CLOUD, "monitor.py"), "--sweep-id", "slow", "--wait", "--interval", "0.2"],
+        env=aws.env,
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        first_listing = [monitor.stdout.readline() for _ in range(4)]
+        assert "1 RUNNING, 1 SUCCEEDED" in first_listing[-1], first_listing
+        time.sleep(2)
+        assert monitor.poll() is None, "the monitor waits for the running job"
+        running.status = "SUCCEEDED"
+        stdout, stderr = monitor.communicate(timeout=60)
+    finally:
+        stop(monitor)
+    assert monitor.returncode == 0, stderr
+    assert "sweep slow: all 2 jobs succeeded" in stdout
+
+
+def test_monitor_lists_every_job_of_a_sweep_of_more_than_100(aws):
+    # DescribeJobs takes at most 100 job ids a call
+    seeds = [str(seed) for seed in range(1, 102)]
+    submitted = run_tool(
+        "submit",
+        "--env-ids",
+        "Pong-v5",
+        "--seeds",
+        *seeds,
+        "--command",
+        SWEEP_COMMAND,
+        "--sweep-id",
+        "wide",
+        env=aws.env,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    result = run_tool("monitor", "--sweep-id", "wide", env=aws.env)
+    assert result.returncode == 0, result.stderr
+    assert "sweep wide in cleanrl-queue: 101 jobs" in result.stdout
+    assert result.stdout.strip().endswith("101 SUCCEEDED")
+
+
 @pytest.mark.parametrize("interval", ["nan", "inf", "0", "-1"])
 def test_monitor_refuses_an_interval_that_is_not_a_positive_number(interval):
     env = clean_aws_environment(AWS_ENDPOINT_URL="http://127.0.0.1:9")
@@ -641,6 +718,26 @@ def test_a_job_definition_without_the_env_id_parameter_is_a_one_line_error(aws):
         "submit", "--env-ids", "Pong-v5", "--command", SWEEP_COMMAND, "--job-definition", "plain", env=aws.env
     )
     assert_user_error(result, "job definition plain:1 has no envId parameter")
+
+
+def test_a_job_definition_named_without_revision_is_checked_at_its_newest(aws):
+    definition = example("job_definition.json", aws.values)
+    container = definition["containerProperties"]
+    aws.batch.register_job_definition(jobDefinitionName="grown", type="container", containerProperties=container)
+    aws.batch.register_job_definition(**{**definition, "jobDefinitionName": "grown"})  # revision 2 has envId
+    result = run_tool(
+        "submit",
+        "--env-ids",
+        "Pong-v5",
+        "--command",
+        SWEEP_COMMAND,
+        "--sweep-id",
+        "grown",
+        "--job-definition",
+        "grown",
+        env=aws.env,
+    )
+    assert result.returncode == 0, result.stderr
 
 
 @pytest.mark.parametrize(

@@ -122,6 +122,21 @@ def test_a_line_ends_at_the_mean_over_seeds_and_its_band_spans_their_spread(tmp_
             assert low < -900, "the band covers the early games too"
 
 
+def test_the_mean_over_seeds_stops_where_the_shortest_seed_stops(tmp_path):
+    write_run(tmp_path, "Pong-v5__alpha__1__1700000000", [1.0] * 10, text=None)  # games at steps 100 .. 1,000
+    write_run(tmp_path, "Pong-v5__alpha__2__1700000000", [3.0] * 20, text=None)  # games at steps 100 .. 2,000
+    (ax,) = plot.plot_returns(plot.read_runs(str(tmp_path)), "steps", window=1).axes
+    (line,) = ax.get_lines()
+    assert (line.get_xdata()[0], line.get_xdata()[-1]) == (100, 1000)
+
+
+def test_a_script_with_one_seed_has_a_line_and_no_band(tmp_path):
+    write_run(tmp_path, "Pong-v5__alpha__1__1700000000", [1.0] * 10, text=None)
+    (ax,) = plot.plot_returns(plot.read_runs(str(tmp_path)), "steps", window=1).axes
+    assert [line.get_label() for line in ax.get_lines()] == ["alpha (1 seed)"]
+    assert len(ax.collections) == 0
+
+
 def test_the_table_gives_the_final_return_of_the_last_100_games_over_seeds(study):
     rows = table_rows((study[0] / "out" / "results.md").read_text())
     assert len(rows) == len(SCRIPTS) * len(ENV_IDS)
@@ -132,6 +147,12 @@ def test_the_table_gives_the_final_return_of_the_last_100_games_over_seeds(study
             assert rows[env_id, script][3] == f"{np.mean(finals):.2f} ± {np.std(finals):.2f}"
 
 
+def test_a_runs_final_score_is_the_mean_of_exactly_its_last_window_games(tmp_path):
+    write_run(tmp_path, "Pong-v5__alpha__1__1700000000", [0.0, 0.0, 3.0, 6.0, 9.0], text=None)
+    rows = table_rows(plot.results_table(plot.read_runs(str(tmp_path)), window=3))
+    assert rows["Pong-v5", "alpha"][3] == "6.00 ± 0.00"
+
+
 def test_the_table_gives_the_median_steady_sps_over_seeds(study):
     rows = table_rows((study[0] / "out" / "results.md").read_text())
     for script in SCRIPTS:
@@ -139,6 +160,13 @@ def test_the_table_gives_the_median_steady_sps_over_seeds(study):
         assert expected == {"alpha": 700, "beta": 1400}[script]
         for env_id in ENV_IDS:
             assert rows[env_id, script][4] == f"{expected:,.0f}"
+
+
+def test_the_table_gives_the_median_not_the_mean_of_the_seeds_steady_sps(tmp_path):
+    for seed, rate in ((1, 100.0), (2, 200.0), (3, 600.0)):
+        write_run(tmp_path, f"Pong-v5__alpha__{seed}__1700000000", [1.0], text=None, rates=[rate] * 3)
+    rows = table_rows(plot.results_table(plot.read_runs(str(tmp_path)), window=100))
+    assert rows["Pong-v5", "alpha"][4] == "200"
 
 
 def test_the_aggregate_iqm_is_the_trimmed_mean_of_the_human_normalized_scores(study):
@@ -310,12 +338,8 @@ def test_fewer_than_three_games_leave_the_aggregate_out(tmp_path):
 
 def test_every_script_gets_the_same_number_of_seeds_per_game_in_the_aggregate(tmp_path):
     write_study(tmp_path)
-    write_run(
-        tmp_path,
-        "PongNoFrameskip-v4__alpha__3__1700000000",
-        [5.0],
-        hyperparameters_text("PongNoFrameskip-v4", "alpha", 3),
-    )
+    # a finished third seed of alpha on Pong (no total steps known: no hyperparameters text)
+    write_run(tmp_path, "PongNoFrameskip-v4__alpha__3__1700000000", [5.0], text=None)
     scores, games = plot.normalized_scores(plot.read_runs(str(tmp_path)), window=100)
     assert games == ["Breakout", "Pong", "Qbert"]
     assert {script: s.shape for script, s in scores.items()} == {"alpha": (2, 3), "beta": (2, 3)}
@@ -629,6 +653,14 @@ def test_an_unfinished_run_has_a_marked_row_of_its_own_and_stays_out_of_the_fini
     assert f"warning: {unfinished} stopped at step 2,000 of 15,000: its final return is there" in result.stderr
 
 
+def test_a_run_within_1_percent_of_its_total_steps_is_finished_and_one_5_percent_short_is_not(tmp_path):
+    # games every 100 steps of a 15,000-step run: the last at 14,900 (99.3%) or at 14,300 (95.3%)
+    for seed, games in ((1, 149), (2, 143)):
+        text = hyperparameters_text("PongNoFrameskip-v4", "alpha", seed)
+        write_run(tmp_path, f"PongNoFrameskip-v4__alpha__{seed}__1700000000", [1.0] * games, text)
+    assert {run.seed: plot.unfinished(run) for run in plot.read_runs(str(tmp_path))} == {1: False, 2: True}
+
+
 def test_an_unfinished_seed_is_a_dashed_line_of_its_own_and_does_not_cut_the_mean_short(tmp_path):
     write_comparison(tmp_path, {"alpha": [10.0, 12.0], "beta": [20.0, 30.0]})
     (ax,) = plot.plot_returns(plot.read_runs(str(tmp_path)), "steps", window=100).axes
@@ -688,6 +720,16 @@ def test_compare_leaves_out_an_env_without_two_seeds_of_each_script_with_a_warni
     assert "needs 2 or more seeds of both alpha and gamma" in result.stderr
     report = (tmp_path / "out" / "results.md").read_text()
     assert "## gamma against alpha" in report and "| BreakoutNoFrameskip-v4 | 17.00" not in report
+
+
+def test_compare_leaves_out_an_env_where_a_script_has_a_single_seed(tmp_path):
+    write_comparison(tmp_path / "runs", {"alpha": [10.0], "beta": [20.0, 30.0]})
+    args = ("--runs-dir", "runs", "--out-dir", "out", "--compare", "alpha", "beta")
+    result = run_tool("plot.py", "learning", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "needs 2 or more seeds of both alpha and beta" in result.stderr
+    report = (tmp_path / "out" / "results.md").read_text()
+    assert not [line for line in report.split("## beta against alpha")[1].splitlines() if line.startswith("| Breakout")]
 
 
 def test_the_health_table_gives_each_scalars_mean_and_the_longest_game_over_every_interval(tmp_path):

@@ -121,6 +121,33 @@ def test_failed_runs_are_all_named_in_one_error_line_and_the_exit_is_non_zero(tm
     assert "__1 " not in error_line and "__1(" not in error_line, "the runs that succeeded are not named"
 
 
+def test_a_run_killed_by_a_signal_fails(tmp_path):
+    # an out-of-memory kill or a segfault ends the script without an exit status of its own
+    (tmp_path / "killed.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    result = runner("--env-ids", "Pong", "--command", f"{sys.executable} killed.py", cwd=tmp_path)
+    assert_user_error(result, "1 of 1 runs failed: Pong__killed__1 (exit -9, logs/Pong__killed__1.log)")
+    assert (tmp_path / "logs" / "Pong__killed__1.log").read_text().splitlines()[-1].startswith("# exit -9 after ")
+
+
+def test_a_run_started_again_replaces_its_earlier_log(tmp_path):
+    for _ in range(2):
+        assert runner("--env-ids", "Pong", "--command", FAKE, cwd=tmp_path).returncode == 0
+    log = (tmp_path / "logs" / "Pong__fake_train__1.log").read_text()
+    assert log.startswith(f"# {FAKE} --env-id Pong --seed 1\n") and log.count("# exit 0 after ") == 1
+
+
+def test_one_worker_runs_one_run_at_a_time(tmp_path):
+    result = runner("--env-ids", "Pong", "--seeds", "1", "2", "--workers", "1", "--command", FAKE, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    events = re.findall(r"^\[[\d:]+\] (started|done) (\S+)", result.stdout, re.MULTILINE)
+    assert events == [
+        ("started", "Pong__fake_train__1"),
+        ("done", "Pong__fake_train__1"),
+        ("started", "Pong__fake_train__2"),
+        ("done", "Pong__fake_train__2"),
+    ]
+
+
 def test_off_a_terminal_progress_comes_as_plain_lines_with_the_latest_sps_and_return(tmp_path):
     result = runner(
         "--env-ids",
@@ -250,6 +277,13 @@ def test_a_torchrun_command_divides_the_threads_by_its_processes_per_node(tmp_pa
     assert result.stdout.startswith(f"OMP_NUM_THREADS={max(1, CORES // 2)} torchrun")
 
 
+def test_more_workers_than_cores_still_give_each_run_one_thread(tmp_path):
+    args = ("--env-ids", "Pong", "--workers", str(CORES + 1), "--dry-run", "--command", FAKE)
+    result = runner(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"OMP_NUM_THREADS=1 {FAKE}")
+
+
 def test_a_thread_count_in_the_command_overrides_the_runners(tmp_path):
     result = runner("--env-ids", "Pong", "--seeds", "1", "--command", f"OMP_NUM_THREADS=7 {FAKE}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -322,6 +356,21 @@ def test_skip_done_runs_only_what_did_not_finish_and_sets_cut_off_attempts_aside
     assert "# done earlier" not in dry.stdout and "--iterations 5 --env-id Pong --seed 1" in dry.stdout
     dry = runner("--env-ids", "Pong", "--seeds", "1", "--skip-done", "--dry-run", "--command", command, cwd=tmp_path)
     assert dry.stdout.startswith("# done earlier, skipped:")
+
+
+def test_skip_done_runs_again_a_run_that_failed_with_the_same_command(tmp_path):
+    command = f"{FAKE} --fail-seeds 1"
+    assert runner("--env-ids", "Pong", "--command", command, cwd=tmp_path).returncode == 1
+    dry = runner("--env-ids", "Pong", "--skip-done", "--dry-run", "--command", command, cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert "# done earlier" not in dry.stdout and f"{command} --env-id Pong --seed 1  > " in dry.stdout
+
+
+def test_skip_done_dry_run_prints_a_done_run_as_skipped_only(tmp_path):
+    assert runner("--env-ids", "Pong", "--command", FAKE, cwd=tmp_path).returncode == 0
+    dry = runner("--env-ids", "Pong", "--skip-done", "--dry-run", "--command", FAKE, cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.splitlines() == [f"# done earlier, skipped: {FAKE} --env-id Pong --seed 1"]
 
 
 def test_skip_done_leaves_the_directory_of_a_run_that_resumes_itself(tmp_path):
@@ -675,6 +724,16 @@ def test_slurm_array_task_k_runs_the_kth_command_into_its_own_log(tmp_path, task
     log = (tmp_path / "logs" / f"{name}.log").read_text()
     assert f"env {env_id} seed {seed} OMP_NUM_THREADS=4\n" in log
     assert f"# {FAKE} --iterations 1 --env-id {shlex.quote(env_id)} --seed {seed}\n" == log.splitlines(True)[0]
+
+
+def test_a_slurm_task_of_a_torchrun_command_divides_its_cores_by_the_processes_per_node(tmp_path):
+    command = f"{sys.executable} -m torch.distributed.run --standalone --nproc-per-node=2 {FAKE_TRAIN} --iterations 1"
+    assert runner("--env-ids", "Pong", "--slurm", "--command", command, cwd=tmp_path).returncode == 0
+    environment = {**os.environ, "SLURM_ARRAY_TASK_ID": "0", "SLURM_CPUS_PER_TASK": "4"}
+    task_run = subprocess.run(
+        ["bash", str(tmp_path / "logs" / "cleanrl.sbatch")], env=environment, capture_output=True, text=True
+    )
+    assert task_run.stdout.startswith("task 0: Pong__fake_train__1 (OMP_NUM_THREADS=2,"), task_run.stdout
 
 
 @pytest.mark.parametrize("resumes", [True, False], ids=["--resume", "no --resume"])
