@@ -521,22 +521,26 @@ def test_monitor_wait_ends_with_success_when_every_job_succeeded(aws, sweep):
     assert "sweep nightly-1: all 4 jobs succeeded" in result.stdout
 
 
-def test_monitor_wait_exits_non_zero_naming_the_failed_jobs(aws, monkeypatch):
-    monkeypatch.setenv("MOTO_SIMPLE_BATCH_FAIL_AFTER", "0")  # read by the moto server in this process
+def submit_sweep(aws, sweep_id: str, env_id: str, seeds: list[str]):
+    """Submits SWEEP_COMMAND to the local AWS endpoint as a sweep of one job per seed of env_id."""
     submitted = run_tool(
         "submit",
         "--env-ids",
-        "ALE/Breakout-v5",
+        env_id,
         "--seeds",
-        "1",
-        "2",
+        *seeds,
         "--command",
         SWEEP_COMMAND,
         "--sweep-id",
-        "broken",
+        sweep_id,
         env=aws.env,
     )
     assert submitted.returncode == 0, submitted.stderr
+
+
+def test_monitor_wait_exits_non_zero_naming_the_failed_jobs(aws, monkeypatch):
+    monkeypatch.setenv("MOTO_SIMPLE_BATCH_FAIL_AFTER", "0")  # read by the moto server in this process
+    submit_sweep(aws, "broken", "ALE/Breakout-v5", ["1", "2"])
     result = run_tool("monitor", "--sweep-id", "broken", "--wait", "--interval", "0.5", env=aws.env)
     assert_user_error(
         result, "2 of 2 jobs of sweep broken failed", "broken__ALE_Breakout-v5__1", "broken__ALE_Breakout-v5__2"
@@ -587,20 +591,7 @@ def test_monitor_wait_remembers_a_failed_job_that_drops_out_of_the_listing(aws, 
 
 def test_monitor_wait_goes_on_while_a_job_runs_after_another_has_ended(aws, monkeypatch):
     monkeypatch.setenv("MOTO_SIMPLE_BATCH_FAIL_AFTER", "")  # read by the moto server in this process
-    submitted = run_tool(
-        "submit",
-        "--env-ids",
-        "Pong-v5",
-        "--seeds",
-        "1",
-        "2",
-        "--command",
-        SWEEP_COMMAND,
-        "--sweep-id",
-        "slow",
-        env=aws.env,
-    )
-    assert submitted.returncode == 0, submitted.stderr
+    submit_sweep(aws, "slow", "Pong-v5", ["1", "2"])
     backend = moto_batch.batch_backends[aws.values["ACCOUNT_ID"]][REGION]
     (queue,) = [q for q in backend._job_queues.values() if q.name == "cleanrl-queue"]
     (running,) = [job for job in queue.jobs if job.job_name == "slow__Pong-v5__2"]
@@ -629,19 +620,7 @@ def test_monitor_wait_goes_on_while_a_job_runs_after_another_has_ended(aws, monk
 def test_monitor_lists_every_job_of_a_sweep_of_more_than_100(aws):
     # DescribeJobs takes at most 100 job ids a call
     seeds = [str(seed) for seed in range(1, 102)]
-    submitted = run_tool(
-        "submit",
-        "--env-ids",
-        "Pong-v5",
-        "--seeds",
-        *seeds,
-        "--command",
-        SWEEP_COMMAND,
-        "--sweep-id",
-        "wide",
-        env=aws.env,
-    )
-    assert submitted.returncode == 0, submitted.stderr
+    submit_sweep(aws, "wide", "Pong-v5", seeds)
     result = run_tool("monitor", "--sweep-id", "wide", env=aws.env)
     assert result.returncode == 0, result.stderr
     assert "sweep wide in cleanrl-queue: 101 jobs" in result.stdout

@@ -234,41 +234,9 @@ def test_a_target_update_moves_the_target_critics_towards_the_online_ones_not_th
     assert not any(torch.equal(saved[0.0][name], saved[1e-3][name]) for name in saved[0.0])
 
 
-def test_the_actor_follows_the_smaller_of_the_twin_critics(tmp_path, monkeypatch):
-    # The logged actor loss of the last step is alpha * log_pi - min(Q1, Q2) at the actor's sampled actions, with
-    # the critics as they end the run (the actor's update is the last thing to use them). Q1 alone would bring
-    # back the overestimation the twin critics are there to curb.
-    monkeypatch.chdir(tmp_path)
+def recorded_critics_and_actor_calls(monkeypatch) -> tuple[list, list]:
+    """The next run's critics, as made (online and target), and its actor's get_action calls, as (obs, outputs)."""
     critics, actor_calls = [], []
-
-    class RecordedCritic(sac.TwinSoftQNetwork):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            critics.append(self)
-
-    class RecordedActor(sac.Actor):
-        def get_action(self, obs):
-            result = super().get_action(obs)
-            actor_calls.append((obs, *(x.detach() for x in result)))
-            return result
-
-    monkeypatch.setattr(sac, "TwinSoftQNetwork", RecordedCritic)
-    monkeypatch.setattr(sac, "Actor", RecordedActor)
-    args = dict(total_timesteps=100, learning_starts=60, batch_size=32, autotune=False, alpha=0.2, cuda=False)
-    sac.main(sac.Args(env_id="StepCountTerminatesAfter5-v0", **args))
-    ((step, logged),) = read_scalars(run_dirs(tmp_path)[0])["losses/actor_loss"]
-    assert step == 100
-    online = next(critic for critic in critics if next(critic.parameters()).grad is not None)
-    obs, actions_pi, log_pi, _ = actor_calls[-1]  # the actor's update at step 100
-    with torch.no_grad():
-        q = online(obs, actions_pi)
-    assert not torch.allclose(q.min(dim=0).values, q[0]), "the critics disagree: the test can tell them apart"
-    np.testing.assert_allclose(logged, (0.2 * log_pi - q.min(dim=0).values).mean().item(), rtol=1e-5)
-
-
-def test_the_soft_target_comes_from_the_target_critics_at_the_next_observations_sampled_actions(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    critics, samples, actor_calls, checked = [], [], [], []
 
     class RecordedCritic(sac.TwinSoftQNetwork):
         def __init__(self, *args, **kwargs):
@@ -279,6 +247,34 @@ def test_the_soft_target_comes_from_the_target_critics_at_the_next_observations_
         def get_action(self, obs):
             actor_calls.append((obs, super().get_action(obs)))
             return actor_calls[-1][1]
+
+    monkeypatch.setattr(sac, "TwinSoftQNetwork", RecordedCritic)
+    monkeypatch.setattr(sac, "Actor", RecordedActor)
+    return critics, actor_calls
+
+
+def test_the_actor_follows_the_smaller_of_the_twin_critics(tmp_path, monkeypatch):
+    # The logged actor loss of the last step is alpha * log_pi - min(Q1, Q2) at the actor's sampled actions, with
+    # the critics as they end the run (the actor's update is the last thing to use them). Q1 alone would bring
+    # back the overestimation the twin critics are there to curb.
+    monkeypatch.chdir(tmp_path)
+    critics, actor_calls = recorded_critics_and_actor_calls(monkeypatch)
+    args = dict(total_timesteps=100, learning_starts=60, batch_size=32, autotune=False, alpha=0.2, cuda=False)
+    sac.main(sac.Args(env_id="StepCountTerminatesAfter5-v0", **args))
+    ((step, logged),) = read_scalars(run_dirs(tmp_path)[0])["losses/actor_loss"]
+    assert step == 100
+    online = next(critic for critic in critics if next(critic.parameters()).grad is not None)
+    obs, (actions_pi, log_pi, _) = actor_calls[-1]  # the actor's update at step 100
+    with torch.no_grad():
+        q = online(obs, actions_pi)
+        assert not torch.allclose(q.min(dim=0).values, q[0]), "the critics disagree: the test can tell them apart"
+        np.testing.assert_allclose(logged, (0.2 * log_pi - q.min(dim=0).values).mean().item(), rtol=1e-5)
+
+
+def test_the_soft_target_comes_from_the_target_critics_at_the_next_observations_sampled_actions(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    critics, actor_calls = recorded_critics_and_actor_calls(monkeypatch)
+    samples, checked = [], []
 
     class RecordedReplayBuffer(sac.ReplayBuffer):
         def sample(self, *args, **kwargs):
@@ -300,8 +296,6 @@ def test_the_soft_target_comes_from_the_target_critics_at_the_next_observations_
             checked.append(len(samples))
         return soft_td_target(rewards, terminations, next_q, next_log_pi, alpha, gamma)
 
-    monkeypatch.setattr(sac, "TwinSoftQNetwork", RecordedCritic)
-    monkeypatch.setattr(sac, "Actor", RecordedActor)
     monkeypatch.setattr(sac, "ReplayBuffer", RecordedReplayBuffer)
     monkeypatch.setattr(sac, "soft_td_target", checked_soft_td_target)
     sac.main(
