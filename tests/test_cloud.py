@@ -521,6 +521,24 @@ def test_monitor_wait_ends_with_success_when_every_job_succeeded(aws, sweep):
     assert "sweep nightly-1: all 4 jobs succeeded" in result.stdout
 
 
+def sweep_jobs_in_moto(aws, sweep_id: str) -> tuple[object, dict]:
+    """The local endpoint's job queue and the sweep's jobs in it, by name: a test sets their states by hand."""
+    backend = moto_batch.batch_backends[aws.values["ACCOUNT_ID"]][REGION]
+    (queue,) = [q for q in backend._job_queues.values() if q.name == "cleanrl-queue"]
+    return queue, {job.job_name: job for job in queue.jobs if job.job_name.startswith(f"{sweep_id}__")}
+
+
+def start_monitor_wait(aws, sweep_id: str, interval: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, os.path.join(CLOUD, "monitor.py"), "--sweep-id", sweep_id, "--wait", "--interval", interval],
+        env=aws.env,
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def submit_sweep(aws, sweep_id: str, env_id: str, seeds: list[str]):
     """Submits SWEEP_COMMAND to the local AWS endpoint as a sweep of one job per seed of env_id."""
     submitted = run_tool(
@@ -565,18 +583,9 @@ def test_monitor_wait_remembers_a_failed_job_that_drops_out_of_the_listing(aws, 
             env=aws.env,
         )
         assert submitted.returncode == 0, submitted.stderr
-    backend = moto_batch.batch_backends[aws.values["ACCOUNT_ID"]][REGION]
-    (queue,) = [q for q in backend._job_queues.values() if q.name == "cleanrl-queue"]
-    jobs = {job.job_name: job for job in queue.jobs if job.job_name.startswith("aged__")}
+    queue, jobs = sweep_jobs_in_moto(aws, "aged")
     jobs["aged__Pong-v5__2"].status = "RUNNING"  # moto ends its jobs at once: this one runs until told
-    monitor = subprocess.Popen(
-        [sys.executable, os.path.join(CLOUD, "monitor.py"), "--sweep-id", "aged", "--wait", "--interval", "0.5"],
-        env=aws.env,
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    monitor = start_monitor_wait(aws, "aged", "0.5")
     try:
         first_listing = [monitor.stdout.readline() for _ in range(4)]
         assert "1 RUNNING, 1 FAILED" in first_listing[-1], first_listing
@@ -592,18 +601,9 @@ def test_monitor_wait_remembers_a_failed_job_that_drops_out_of_the_listing(aws, 
 def test_monitor_wait_goes_on_while_a_job_runs_after_another_has_ended(aws, monkeypatch):
     monkeypatch.setenv("MOTO_SIMPLE_BATCH_FAIL_AFTER", "")  # read by the moto server in this process
     submit_sweep(aws, "slow", "Pong-v5", ["1", "2"])
-    backend = moto_batch.batch_backends[aws.values["ACCOUNT_ID"]][REGION]
-    (queue,) = [q for q in backend._job_queues.values() if q.name == "cleanrl-queue"]
-    (running,) = [job for job in queue.jobs if job.job_name == "slow__Pong-v5__2"]
+    running = sweep_jobs_in_moto(aws, "slow")[1]["slow__Pong-v5__2"]
     running.status = "RUNNING"  # moto ends its jobs at once: this one runs until told
-    monitor = subprocess.Popen(
-        [sys.executable, os.path.join(CLOUD, "monitor.py"), "--sweep-id", "slow", "--wait", "--interval", "0.2"],
-        env=aws.env,
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    monitor = start_monitor_wait(aws, "slow", "0.2")
     try:
         first_listing = [monitor.stdout.readline() for _ in range(4)]
         assert "1 RUNNING, 1 SUCCEEDED" in first_listing[-1], first_listing
