@@ -107,3 +107,36 @@ def test_a_changed_copy_is_caught():
     assert drift({"a.py": blocks_of(source)["g"], "b.py": blocks_of(changed)["g"]}) == "", "marked lines may differ"
     report = drift({"a.py": blocks_of(source)["f"], "b.py": blocks_of(changed)["f"]})
     assert "-    return x + 1" in report and "+    return x + 2" in report
+
+
+# Each script is copied alone into users' projects: it may import libraries, never a file of this project.
+SCRIPTS = sorted(name for name in os.listdir(os.path.join(REPO_ROOT, "cleanrl")) if name.endswith(".py"))
+PROJECT_MODULES = {"cleanrl", "benchmark", "cloud", "tests"} | {name[: -len(".py")] for name in SCRIPTS}
+
+
+def project_imports(source: str) -> list[str]:
+    """The modules of this project that a script imports, anywhere in it (a function's deferred import too)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level > 0:
+            found.append("." * node.level + (node.module or ""))
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            modules = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module]
+            found.extend(module for module in modules if module.split(".")[0] in PROJECT_MODULES)
+    return found
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_script_imports_no_file_of_the_project(script):
+    with open(os.path.join(REPO_ROOT, "cleanrl", script)) as f:
+        assert project_imports(f.read()) == [], f"{script} would not run copied alone"
+
+
+def test_an_import_of_the_project_is_caught():
+    source = "import os\nimport torch.nn as nn\n\n\ndef f():\n    import wandb\n    from ppo_atari import Agent\n"
+    assert project_imports(source) == ["ppo_atari"]
+    assert project_imports("from cleanrl.dqn import QNetwork\nfrom . import x\nimport benchmark.events\n") == [
+        "cleanrl.dqn",
+        ".",
+        "benchmark.events",
+    ]
