@@ -437,6 +437,7 @@ def test_short_training_run_logs_every_tag_for_every_iteration(short_run):
     assert result.returncode == 0, result.stderr
     assert "2 cpu device(s) on 1 process(es): 2 envs (1 per device), batch 128" in result.stdout
     assert "finished 4 iterations, 512 steps" in result.stdout
+    assert "warning" not in result.stderr  # fp32: nothing to warn of
     (run_dir,) = run_dirs(cwd)
     assert_short_atari_run_logged(run_dir, batch_size=128)
 
@@ -580,6 +581,7 @@ def test_bf16_training_run_gives_finite_losses(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "finished 2 iterations" in result.stdout
+    assert "warning: XLA:CPU has no fast bf16 path: bf16 runs slower than fp32" in result.stderr
     scalars = read_scalars(run_dirs(tmp_path)[0])
     for tag in ["losses/value_loss", "losses/policy_loss", "losses/approx_kl"]:
         assert all(np.isfinite(value) for _, value in scalars[tag]), tag
