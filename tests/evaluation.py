@@ -61,6 +61,30 @@ def save_fresh_model(module, path: str, args):
     return network
 
 
+def saved_model_path(script: str, cwd) -> str:
+    """The one model a run of `script` in `cwd` saved (--save-model): `{script's name}.cleanrl_model` in
+    its run's folder."""
+    model_name = os.path.basename(script).removesuffix(".py") + ".cleanrl_model"
+    (model_path,) = glob.glob(os.path.join(str(cwd), "runs", "*", model_name))
+    return model_path
+
+
+def train_and_save_a_model(script: str, *args: str, cwd, env: dict | None = None, timeout: int = 600):
+    """A training run of `script` with `args` and --save-model in `cwd`: it exits 0 and saves one model.
+    Returns (the run's CompletedProcess, the model's path)."""
+    result = run_script(script, *args, "--save-model", cwd=cwd, env=env, timeout=timeout)
+    assert result.returncode == 0, result.stderr
+    return result, saved_model_path(script, cwd)
+
+
+def evaluate_saved_model(script: str, model_path: str, num_games: int, cwd, env: dict | None = None):
+    """`script --eval-checkpoint MODEL --eval-episodes NUM_GAMES` in `cwd`: it plays and prints that many
+    games and their mean (assert_evaluation_printed). Returns the CompletedProcess."""
+    result = run_script(script, "--eval-checkpoint", model_path, "--eval-episodes", str(num_games), cwd=cwd, env=env)
+    assert_evaluation_printed(result, num_games)
+    return result
+
+
 def assert_evaluation_printed(result, num_games: int):
     """An evaluation run exited 0 and printed each game's return and the mean."""
     assert result.returncode == 0, result.stderr

@@ -9,8 +9,10 @@ import pytest
 import torch
 from evaluation import (
     assert_corrupt_checkpoint_rejected,
-    assert_evaluation_printed,
     assert_tracked_evaluation_logs_under_the_models_env,
+    evaluate_saved_model,
+    saved_model_path,
+    train_and_save_a_model,
 )
 from references import (
     assert_linear_epsilon_schedule,
@@ -255,8 +257,7 @@ def test_a_target_update_copies_the_q_network_into_the_target_not_the_target_int
         folder.mkdir()
         monkeypatch.chdir(folder)
         dqn.main(small_args("CartPole-v1", learning_rate=learning_rate, save_model=True, eval_episodes=1))
-        (model_path,) = glob.glob(str(folder / "runs" / "*" / "dqn.cleanrl_model"))
-        saved[learning_rate] = torch.load(model_path, weights_only=True)["model"]
+        saved[learning_rate] = torch.load(saved_model_path("dqn.py", folder), weights_only=True)["model"]
     assert saved[0.0].keys() == saved[0.01].keys()
     assert not any(torch.equal(saved[0.0][name], saved[0.01][name]) for name in saved[0.0])
 
@@ -313,19 +314,17 @@ def test_loaded_model_equals_saved_model(tmp_path):
 
 
 def test_short_run_logs_every_tag_progress_and_summary_then_saves_and_evaluates(tmp_path):
-    result = run_script(
+    result, model_path = train_and_save_a_model(
         "dqn.py",
         "--total-timesteps",
         "1000",
         "--learning-starts",
         "500",
-        "--save-model",
         "--eval-episodes",
         "2",
         cwd=tmp_path,
         timeout=300,
     )
-    assert result.returncode == 0, result.stderr
     assert "finished 1000 steps and 50 updates" in result.stdout
     assert result.stdout.count("eval_episode=") == 2
     (run_dir,) = run_dirs(tmp_path)
@@ -333,27 +332,22 @@ def test_short_run_logs_every_tag_progress_and_summary_then_saves_and_evaluates(
     assert set(DQN_TAGS) <= set(scalars)
     assert [step for step, _ in scalars["charts/SPS"]] == list(range(100, 1001, 100))
     assert len(scalars["losses/td_loss"]) == 5
-
-    (model_path,) = glob.glob(os.path.join(run_dir, "dqn.cleanrl_model"))
-    evaluation = run_script("dqn.py", "--eval-checkpoint", model_path, "--eval-episodes", "3", cwd=tmp_path)
-    assert_evaluation_printed(evaluation, 3)
+    assert os.path.dirname(model_path) == run_dir
+    evaluate_saved_model("dqn.py", model_path, 3, cwd=tmp_path)
 
 
 def test_an_evaluation_under_track_reaches_wandb_and_is_named_after_the_models_env(tmp_path):
-    result = run_script(
+    _, model_path = train_and_save_a_model(
         "dqn.py",
         "--total-timesteps",
         "300",
         "--learning-starts",
         "200",
-        "--save-model",
         "--eval-episodes",
         "1",
         cwd=tmp_path,
         timeout=300,
     )
-    assert result.returncode == 0, result.stderr
-    (model_path,) = glob.glob(str(tmp_path / "runs" / "*" / "dqn.cleanrl_model"))
     assert_tracked_evaluation_logs_under_the_models_env(
         "dqn.py", model_path, "CartPole-v1", "Acrobot-v1", tmp_path / "evaluation", "--eval-episodes", "2"
     )

@@ -11,10 +11,11 @@ import torch
 from checkpoints import assert_the_newest_checkpoints_are_kept_by_their_number, mappings_once_removed
 from evaluation import (
     assert_corrupt_checkpoint_rejected,
-    assert_evaluation_printed,
     assert_evaluation_warns_when_emulator_settings_differ,
     assert_saved_model_loads_identically,
     assert_tracked_evaluation_logs_under_the_models_env,
+    evaluate_saved_model,
+    train_and_save_a_model,
 )
 from interruptions import CutOff, cut_off_at, flushing_writer
 from references import (
@@ -347,16 +348,11 @@ def test_a_time_limit_is_not_a_death_when_the_cut_game_has_bonus_lives(tmp_path,
 
 
 def test_save_then_evaluate_round_trip(tmp_path):
-    result = run_script(
-        "dqn_atari.py", *SHORT_RUN, "--save-model", "--eval-episodes", "1", cwd=tmp_path, env=ONE_THREAD
+    result, model_path = train_and_save_a_model(
+        "dqn_atari.py", *SHORT_RUN, "--eval-episodes", "1", cwd=tmp_path, env=ONE_THREAD
     )
-    assert result.returncode == 0, result.stderr
-    (model_path,) = glob.glob(str(tmp_path / "runs" / "*" / "dqn_atari.cleanrl_model"))
     assert result.stdout.count("eval_episode=") == 1
-    evaluation = run_script(
-        "dqn_atari.py", "--eval-checkpoint", model_path, "--eval-episodes", "2", cwd=tmp_path, env=ONE_THREAD
-    )
-    assert_evaluation_printed(evaluation, 2)
+    evaluate_saved_model("dqn_atari.py", model_path, 2, cwd=tmp_path, env=ONE_THREAD)
     assert_tracked_evaluation_logs_under_the_models_env(
         "dqn_atari.py",
         model_path,

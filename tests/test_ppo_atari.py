@@ -14,9 +14,10 @@ from checkpoints import (
 )
 from evaluation import (
     assert_corrupt_checkpoint_rejected,
-    assert_evaluation_printed,
     assert_evaluation_warns_when_emulator_settings_differ,
     assert_saved_model_loads_identically,
+    evaluate_saved_model,
+    train_and_save_a_model,
 )
 from fake_envs import assert_rollout_dones_and_rewards, recording_make_envs
 from references import assert_gae_matches_reference, assert_ppo_loss_matches_reference
@@ -176,13 +177,11 @@ def test_freed_memory_is_kept_for_reuse():
 
 
 def test_save_then_evaluate_round_trip(tmp_path):
-    result = run_script("ppo_atari.py", *SHORT_RUN[:-1], "256", "--save-model", "--eval-episodes", "2", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    (model_path,) = glob.glob(str(tmp_path / "runs" / "*" / "ppo_atari.cleanrl_model"))
+    result, model_path = train_and_save_a_model(
+        "ppo_atari.py", *SHORT_RUN[:-1], "256", "--eval-episodes", "2", cwd=tmp_path
+    )
     assert result.stdout.count("eval_episode=") == 2
-
-    evaluation = run_script("ppo_atari.py", "--eval-checkpoint", model_path, "--eval-episodes", "3", cwd=tmp_path)
-    assert_evaluation_printed(evaluation, 3)
+    evaluate_saved_model("ppo_atari.py", model_path, 3, cwd=tmp_path)
 
 
 def test_evaluation_warns_when_emulator_settings_differ_from_training(tmp_path):

@@ -1,16 +1,15 @@
 """Specification of cleanrl/ppo_atari_envpool.py, and of the envpool behaviour it relies on."""
 
-import glob
-
 import numpy as np
 import pytest
 import torch
 from checkpoints import assert_run_resumes_where_its_checkpoint_left_it
 from evaluation import (
     assert_corrupt_checkpoint_rejected,
-    assert_evaluation_printed,
     assert_evaluation_warns_when_emulator_settings_differ,
     assert_saved_model_loads_identically,
+    evaluate_saved_model,
+    train_and_save_a_model,
 )
 from fake_envs import assert_time_limit_cuts_only_episodes_that_go_on, recording_make_envs
 from references import assert_gae_matches_reference, assert_ppo_loss_matches_reference
@@ -294,13 +293,9 @@ def test_freed_memory_is_kept_for_reuse():
 
 
 def test_save_then_evaluate_round_trip(tmp_path):
-    result = run_script(SCRIPT, *SHORT_RUN[:-1], "256", "--save-model", "--eval-episodes", "2", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    (model_path,) = glob.glob(str(tmp_path / "runs" / "*" / "ppo_atari_envpool.cleanrl_model"))
+    result, model_path = train_and_save_a_model(SCRIPT, *SHORT_RUN[:-1], "256", "--eval-episodes", "2", cwd=tmp_path)
     assert result.stdout.count("eval_episode=") == 2
-
-    evaluation = run_script(SCRIPT, "--eval-checkpoint", model_path, "--eval-episodes", "3", cwd=tmp_path)
-    assert_evaluation_printed(evaluation, 3)
+    evaluate_saved_model(SCRIPT, model_path, 3, cwd=tmp_path)
 
 
 def test_evaluation_warns_when_emulator_settings_differ_from_training(tmp_path):

@@ -24,6 +24,8 @@ from evaluation import (
     assert_corrupt_checkpoint_rejected,
     assert_evaluation_warns_when_emulator_settings_differ,
     assert_tracked_evaluation_logs_under_the_models_env,
+    evaluate_saved_model,
+    saved_model_path,
 )
 from fake_envs import assert_time_limit_cuts_only_episodes_that_go_on
 from jax.sharding import Mesh
@@ -537,23 +539,17 @@ def test_two_hosts_of_one_device_train_the_job_of_one_host_with_two_devices(shor
 def test_save_then_evaluate_round_trip(short_run):
     cwd, result = short_run
     assert result.returncode == 0, result.stderr
-    (model_path,) = glob.glob(str(cwd / "runs" / "*" / f"{SCRIPT[:-3]}.cleanrl_model"))
     assert result.stdout.count("eval_episode=") == 2
-
-    evaluation = run_script(SCRIPT, "--eval-checkpoint", model_path, "--eval-episodes", "3", cwd=cwd)
-    assert evaluation.returncode == 0, evaluation.stderr
-    assert evaluation.stdout.count("eval_episode=") == 3
-    assert "eval: mean return" in evaluation.stdout
+    evaluate_saved_model(SCRIPT, saved_model_path(SCRIPT, cwd), 3, cwd=cwd)
 
 
 def test_an_evaluation_under_track_with_videos_reaches_wandb(short_run, tmp_path):
     cwd, result = short_run
     assert result.returncode == 0, result.stderr
-    (model_path,) = glob.glob(str(cwd / "runs" / "*" / f"{SCRIPT[:-3]}.cleanrl_model"))
     folder = tmp_path / "evaluation"
     assert_tracked_evaluation_logs_under_the_models_env(
         SCRIPT,
-        model_path,
+        saved_model_path(SCRIPT, cwd),
         "Breakout-v5",
         "Pong-v5",
         folder,

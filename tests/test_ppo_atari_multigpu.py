@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 from checkpoints import assert_run_resumes_where_its_checkpoint_left_it
-from evaluation import assert_evaluation_warns_when_emulator_settings_differ
+from evaluation import assert_evaluation_warns_when_emulator_settings_differ, saved_model_path
 from fake_envs import assert_rollout_dones_and_rewards
 from references import assert_ppo_loss_matches_reference
 from run_outputs import (
@@ -330,8 +330,7 @@ def test_every_rank_ends_with_bit_identical_parameters(two_process_run):
     played_lines = [line for line in result.stdout.splitlines() if " played " in line]
     assert all(re.fullmatch(r"rank \d+: played \d+ games, parameters sha256 [0-9a-f]+", x) for x in played_lines)
     # ... and they are the weights rank 0 saved.
-    (model_path,) = (cwd / "runs").glob("*/ppo_atari_multigpu.cleanrl_model")
-    saved_agent, _ = multigpu.load_model(str(model_path), torch.device("cpu"))
+    saved_agent, _ = multigpu.load_model(saved_model_path(SCRIPT, cwd), torch.device("cpu"))
     assert multigpu.parameter_digest(saved_agent) == digests[0]
 
 

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from evaluation import eval_returns
+from evaluation import eval_returns, evaluate_saved_model, saved_model_path, train_and_save_a_model
 from fake_envs import RecordingEnvs
 from references import assert_gae_matches_reference, assert_ppo_loss_matches_reference
 from run_outputs import (
@@ -204,8 +204,7 @@ def test_saved_observation_statistics_are_those_of_every_observation_the_policy_
     # then the observation after the last step; the final observations (t = 4) are not counted.
     monkeypatch.chdir(tmp_path)
     pca.main(small_args(save_model=True))
-    (model_path,) = glob.glob(str(tmp_path / "runs" / "*" / "*.cleanrl_model"))
-    _, obs_rms, saved_args = pca.load_policy(model_path, torch.device("cpu"))
+    _, obs_rms, saved_args = pca.load_policy(saved_model_path(SCRIPT, tmp_path), torch.device("cpu"))
 
     acted_on = np.array([[t % TRUNCATION_LENGTH, 1.0] for t in range(33)] * 2)
     assert obs_rms.count == len(acted_on) == 66
@@ -271,23 +270,18 @@ def test_loaded_model_equals_saved_model(tmp_path):
 def test_save_then_evaluate_round_trip_reproduces_the_evaluation(tmp_path):
     # The mean action and the same seed make evaluation deterministic: the saved model, with its
     # observation statistics, must play the very same episodes as the model that was trained.
-    training = run_script(
+    training, model_path = train_and_save_a_model(
         SCRIPT,
         *SHORT_RUN,
         "--total-timesteps",
         "512",
-        "--save-model",
         "--eval-episodes",
         "1",
         "--progress-interval",
         "1e9",
         cwd=tmp_path,
     )
-    assert training.returncode == 0, training.stderr
-    (model_path,) = glob.glob(str(tmp_path / "runs" / "*" / "ppo_continuous_action.cleanrl_model"))
-    evaluation = run_script(SCRIPT, "--eval-checkpoint", model_path, "--eval-episodes", "2", cwd=tmp_path)
-    assert evaluation.returncode == 0, evaluation.stderr
-    assert "eval: mean return" in evaluation.stdout
+    evaluation = evaluate_saved_model(SCRIPT, model_path, 2, cwd=tmp_path)
     assert len(eval_returns(training.stdout)) == 1 and len(eval_returns(evaluation.stdout)) == 2
     assert eval_returns(evaluation.stdout)[:1] == eval_returns(training.stdout)
     # with a long interval, only the first and the last progress line

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from evaluation import eval_returns
+from evaluation import eval_returns, evaluate_saved_model, saved_model_path, train_and_save_a_model
 from run_outputs import (
     assert_episodes_0_1_8_recorded_and_uploaded,
     assert_progress_follows_the_convention,
@@ -228,8 +228,7 @@ def test_a_target_update_moves_the_target_critics_towards_the_online_ones_not_th
         monkeypatch.chdir(folder)
         args = dict(total_timesteps=60, learning_starts=40, batch_size=16, tau=1.0, save_model=True, eval_episodes=1)
         sac.main(sac.Args(env_id="StepCountTerminatesAfter5-v0", q_lr=q_lr, **args, cuda=False))
-        (model_path,) = glob.glob(str(folder / "runs" / "*" / "sac_continuous_action.cleanrl_model"))
-        saved[q_lr] = torch.load(model_path, weights_only=True)["model"]["qf"]
+        saved[q_lr] = torch.load(saved_model_path(SCRIPT, folder), weights_only=True)["model"]["qf"]
     assert saved[0.0].keys() == saved[1e-3].keys()
     assert not any(torch.equal(saved[0.0][name], saved[1e-3][name]) for name in saved[0.0])
 
@@ -375,7 +374,7 @@ def test_loaded_actor_equals_saved_actor_bounds_included(tmp_path):
 def test_save_then_evaluate_round_trip_reproduces_the_evaluation(tmp_path):
     # The mean action and the same seed make evaluation deterministic: the saved actor must play
     # the very same episodes as the one that was trained.
-    training = run_script(
+    training, model_path = train_and_save_a_model(
         SCRIPT,
         "--env-id",
         "Hopper-v5",
@@ -385,18 +384,13 @@ def test_save_then_evaluate_round_trip_reproduces_the_evaluation(tmp_path):
         "290",
         "--batch-size",
         "64",
-        "--save-model",
         "--eval-episodes",
         "1",
         "--progress-interval",
         "1e9",
         cwd=tmp_path,
     )
-    assert training.returncode == 0, training.stderr
-    (model_path,) = glob.glob(str(tmp_path / "runs" / "*" / "sac_continuous_action.cleanrl_model"))
-    evaluation = run_script(SCRIPT, "--eval-checkpoint", model_path, "--eval-episodes", "2", cwd=tmp_path)
-    assert evaluation.returncode == 0, evaluation.stderr
-    assert "eval: mean return" in evaluation.stdout
+    evaluation = evaluate_saved_model(SCRIPT, model_path, 2, cwd=tmp_path)
     assert len(eval_returns(training.stdout)) == 1 and len(eval_returns(evaluation.stdout)) == 2
     assert eval_returns(evaluation.stdout)[:1] == eval_returns(training.stdout)
     # with a long interval, only the first and the last progress line
