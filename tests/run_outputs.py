@@ -53,6 +53,24 @@ def assert_warns_when_bf16_is_slow(module, monkeypatch, capsys):
         assert capsys.readouterr().err == ""
 
 
+def assert_losses_are_finite(run_dir: str):
+    """A PPO run logged finite value, policy and approx-KL losses at every iteration (what bf16 would
+    break first: an overflow or a NaN)."""
+    scalars = read_scalars(run_dir)
+    for tag in ["losses/value_loss", "losses/policy_loss", "losses/approx_kl"]:
+        assert all(np.isfinite(value) for _, value in scalars[tag]), tag
+
+
+def assert_bf16_run_gives_finite_losses(script: str, *args: str, cwd):
+    """A run of a PPO Atari script with `args` (2 iterations) under --mixed-precision bf16, in `cwd`: it
+    finishes its 2 iterations with finite losses. Returns the CompletedProcess."""
+    result = run_script(script, *args, "--mixed-precision", "bf16", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    assert "finished 2 iterations" in result.stdout
+    assert_losses_are_finite(run_dirs(cwd)[0])
+    return result
+
+
 def assert_freed_memory_is_kept(module):
     """After the script's keep_freed_memory(), a large block freed and allocated again reuses its pages:
     no page faults, where glibc's default maps a fresh block, or trims a freed one off the heap's top, and

@@ -22,6 +22,7 @@ from evaluation import (
 from fake_envs import assert_rollout_dones_and_rewards, recording_make_envs
 from references import assert_gae_matches_reference, assert_ppo_loss_matches_reference
 from run_outputs import (
+    assert_bf16_run_gives_finite_losses,
     assert_freed_memory_is_kept,
     assert_progress_follows_the_convention,
     assert_progress_line_per_iteration,
@@ -160,12 +161,7 @@ def test_short_training_run_logs_every_tag_for_every_iteration(short_run):
 
 
 def test_bf16_training_run_gives_finite_losses(tmp_path):
-    result = run_script("ppo_atari.py", *SHORT_RUN[:-1], "512", "--mixed-precision", "bf16", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert "finished 2 iterations" in result.stdout
-    scalars = read_scalars(run_dirs(tmp_path)[0])
-    for tag in ["losses/value_loss", "losses/policy_loss", "losses/approx_kl"]:
-        assert all(np.isfinite(value) for _, value in scalars[tag]), tag
+    assert_bf16_run_gives_finite_losses("ppo_atari.py", *SHORT_RUN[:-1], "512", cwd=tmp_path)
 
 
 def test_bf16_on_a_cpu_without_bf16_kernels_warns(monkeypatch, capsys):

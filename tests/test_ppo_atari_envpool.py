@@ -14,6 +14,7 @@ from evaluation import (
 from fake_envs import assert_time_limit_cuts_only_episodes_that_go_on, recording_make_envs
 from references import assert_gae_matches_reference, assert_ppo_loss_matches_reference
 from run_outputs import (
+    assert_bf16_run_gives_finite_losses,
     assert_freed_memory_is_kept,
     assert_progress_follows_the_convention,
     assert_progress_line_per_iteration,
@@ -276,12 +277,7 @@ def test_time_limit_truncates_training_games(tmp_path):
 
 
 def test_bf16_training_run_gives_finite_losses(tmp_path):
-    result = run_script(SCRIPT, *SHORT_RUN[:-1], "512", "--mixed-precision", "bf16", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert "finished 2 iterations" in result.stdout
-    scalars = read_scalars(run_dirs(tmp_path)[0])
-    for tag in ["losses/value_loss", "losses/policy_loss", "losses/approx_kl"]:
-        assert all(np.isfinite(value) for _, value in scalars[tag]), tag
+    assert_bf16_run_gives_finite_losses(SCRIPT, *SHORT_RUN[:-1], "512", cwd=tmp_path)
 
 
 def test_bf16_on_a_cpu_without_bf16_kernels_warns(monkeypatch, capsys):
