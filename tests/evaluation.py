@@ -4,7 +4,7 @@ import glob
 import os
 import re
 
-from running import assert_user_error, read_scalars, run_dirs, run_script
+from running import assert_user_error, read_scalars, run_dirs, run_script, run_tracked
 
 
 def assert_saved_model_loads_identically(module, tmp_path):
@@ -99,18 +99,7 @@ def assert_tracked_evaluation_logs_under_the_models_env(
     command line: it plays and prints its games, its run is named after the model's env (the game
     it played), and it reaches wandb (an offline run here)."""
     os.makedirs(folder)
-    result = run_script(
-        script,
-        "--eval-checkpoint",
-        model_path,
-        "--env-id",
-        other_env_id,
-        "--track",
-        *args,
-        cwd=folder,
-        env={**(env or {}), "WANDB_DIR": str(folder)},
-    )
-    assert result.returncode == 0, result.stderr
+    result = run_tracked(script, "--eval-checkpoint", model_path, "--env-id", other_env_id, *args, cwd=folder, env=env)
     assert result.stdout.count("eval_episode=") >= 1 and "eval: mean return" in result.stdout
     (run_dir,) = run_dirs(folder)
     assert os.path.basename(run_dir).startswith(f"{model_env_id.replace('/', '_')}__"), run_dir

@@ -29,6 +29,14 @@ def run_script(script: str, *args: str, cwd, env: dict | None = None, timeout: i
     )
 
 
+def run_tracked(script: str, *args: str, cwd, env: dict | None = None, timeout: int = 600):
+    """A run of `cleanrl/{script}` with args and --track in `cwd`, its offline wandb run there too
+    (WANDB_DIR): it exits 0. Returns the CompletedProcess."""
+    result = run_script(script, *args, "--track", cwd=cwd, env={**(env or {}), "WANDB_DIR": str(cwd)}, timeout=timeout)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
 def run_tool(tool: str, *args: str, cwd, env: dict | None = None, timeout: int = 120):
     """Runs `benchmark/{tool}` with args in `cwd`; returns the CompletedProcess (text output)."""
     command = [sys.executable, os.path.join(REPO_ROOT, "benchmark", tool), *args]

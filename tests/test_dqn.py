@@ -21,7 +21,7 @@ from references import (
     assert_td_target_matches_reference,
 )
 from run_outputs import DQN_TAGS, assert_progress_follows_the_convention, assert_progress_lines_printed
-from running import assert_main_fails_with, assert_user_error, read_scalars, run_dirs, run_script
+from running import assert_main_fails_with, assert_user_error, read_scalars, run_dirs, run_script, run_tracked
 
 import cleanrl.dqn as dqn
 
@@ -375,21 +375,8 @@ def test_capture_video_writes_mp4_files(tmp_path):
 def tracked_run(tmp_path_factory):
     """A short run tracked by wandb (offline) with videos and a progress line at every chance."""
     cwd = tmp_path_factory.mktemp("tracked_run")
-    result = run_script(
-        "dqn.py",
-        "--total-timesteps",
-        "300",
-        "--learning-starts",
-        "200",
-        "--track",
-        "--capture-video",
-        "--progress-interval",
-        "0",
-        cwd=cwd,
-        env={"WANDB_DIR": str(cwd)},
-    )
-    assert result.returncode == 0, result.stderr
-    return cwd, result
+    args = ["--total-timesteps", "300", "--learning-starts", "200", "--capture-video", "--progress-interval", "0"]
+    return cwd, run_tracked("dqn.py", *args, cwd=cwd)
 
 
 def test_wandb_offline_run_is_created_with_the_videos(tracked_run):

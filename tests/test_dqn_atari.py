@@ -38,6 +38,7 @@ from running import (
     read_scalars,
     run_dirs,
     run_script,
+    run_tracked,
 )
 
 import cleanrl.dqn_atari as dqn_atari
@@ -393,7 +394,7 @@ def test_capture_video_writes_rgb_videos_of_whole_games_of_env_0(tmp_path):
 def tracked_run(tmp_path_factory):
     """A short run tracked by wandb (offline) with videos and a progress line at every chance."""
     cwd = tmp_path_factory.mktemp("tracked_run")
-    result = run_script(
+    result = run_tracked(
         "dqn_atari.py",
         "--total-timesteps",
         "300",
@@ -403,14 +404,12 @@ def tracked_run(tmp_path_factory):
         "1000",
         "--max-episode-steps",
         "100",
-        "--track",
         "--capture-video",
         "--progress-interval",
         "0",
         cwd=cwd,
-        env={**ONE_THREAD, "WANDB_DIR": str(cwd)},
+        env=ONE_THREAD,
     )
-    assert result.returncode == 0, result.stderr
     return cwd, result
 
 

@@ -31,7 +31,7 @@ from run_outputs import (
     assert_warns_when_bf16_is_slow,
     capped_cubic_games,
 )
-from running import assert_atari_ranges_are_checked, assert_user_error, read_scalars, run_dirs, run_script
+from running import assert_atari_ranges_are_checked, assert_user_error, read_scalars, run_dirs, run_script, run_tracked
 
 import cleanrl.ppo_atari as ppo_atari
 
@@ -139,18 +139,7 @@ def short_run(tmp_path_factory):
     """One short run for the tests of what a run logs, records, uploads and prints: videos on,
     tracked (wandb offline), a progress line every iteration."""
     cwd = tmp_path_factory.mktemp("short_run")
-    result = run_script(
-        "ppo_atari.py",
-        *SHORT_RUN,
-        "--capture-video",
-        "--track",
-        "--progress-interval",
-        "0",
-        cwd=cwd,
-        env={"WANDB_DIR": str(cwd)},
-    )
-    assert result.returncode == 0, result.stderr
-    return cwd, result
+    return cwd, run_tracked("ppo_atari.py", *SHORT_RUN, "--capture-video", "--progress-interval", "0", cwd=cwd)
 
 
 def test_short_training_run_logs_every_tag_for_every_iteration(short_run):

@@ -16,7 +16,7 @@ from run_outputs import (
     mujoco_offscreen_rendering_error,
     progress_steps,
 )
-from running import assert_main_fails_with, assert_user_error, read_scalars, run_dirs, run_script
+from running import assert_main_fails_with, assert_user_error, read_scalars, run_dirs, run_script, run_tracked
 
 import cleanrl.sac_continuous_action as sac
 
@@ -487,22 +487,8 @@ def tracked_run(tmp_path_factory):
     render in software), 150 steps, tracked offline, videos where MuJoCo can render."""
     cwd = tmp_path_factory.mktemp("tracked_run")
     video = [] if mujoco_offscreen_rendering_error() else ["--capture-video"]
-    result = run_script(
-        SCRIPT,
-        "--env-id",
-        "InvertedPendulum-v5",
-        "--total-timesteps",
-        "150",
-        "--learning-starts",
-        "100",
-        "--batch-size",
-        "64",
-        "--track",
-        *video,
-        cwd=cwd,
-        env={"WANDB_DIR": str(cwd)},
-    )
-    assert result.returncode == 0, result.stderr
+    args = ["--total-timesteps", "150", "--learning-starts", "100", "--batch-size", "64", *video]
+    run_tracked(SCRIPT, "--env-id", "InvertedPendulum-v5", *args, cwd=cwd)
     return cwd
 
 
