@@ -194,6 +194,17 @@ def test_the_memory_stores_one_uint8_frame_per_env_step():
     assert rb.frames.nbytes == 1000 * 84 * 84
 
 
+def replay_memory_at_the_end_of_a_run(args: dqn_atari.Args, folder) -> dqn_atari.FrameReplayBuffer:
+    """dqn_atari.main(args), its run in `folder` (the current folder) with a checkpoint at its last step
+    (args.checkpoint_every), and the replay memory that checkpoint holds."""
+    dqn_atari.main(args)
+    (run_dir,) = run_dirs(folder)
+    checkpoint = os.path.join(run_dir, "checkpoints", f"step-{args.total_timesteps:09d}.pt")
+    rb = dqn_atari.FrameReplayBuffer(args.buffer_size, args.num_envs)
+    rb.load_state_dict(torch.load(checkpoint, weights_only=True)["replay_memory"])
+    return rb
+
+
 def test_stored_steps_are_what_the_env_did_with_life_losses_and_terminations_done_and_time_limits_not(
     tmp_path, monkeypatch
 ):
@@ -211,11 +222,7 @@ def test_stored_steps_are_what_the_env_did_with_life_losses_and_terminations_don
         checkpoint_every=1200,
         cuda=False,
     )
-    dqn_atari.main(args)
-    (run_dir,) = run_dirs(tmp_path)
-    checkpoint = torch.load(os.path.join(run_dir, "checkpoints", "step-000001200.pt"), weights_only=True)
-    rb = dqn_atari.FrameReplayBuffer(args.buffer_size, args.num_envs)
-    rb.load_state_dict(checkpoint["replay_memory"])
+    rb = replay_memory_at_the_end_of_a_run(args, tmp_path)
     envs = dqn_atari.make_envs(args.env_id, 2, args.repeat_action_probability, args.max_episode_steps)
     _, info = envs.reset(seed=args.seed)
     lives, slot = info["lives"].copy(), np.zeros(2, dtype=np.int64)
@@ -337,11 +344,7 @@ def test_a_time_limit_is_not_a_death_when_the_cut_game_has_bonus_lives(tmp_path,
         checkpoint_every=300,
         cuda=False,
     )
-    dqn_atari.main(args)
-    (run_dir,) = run_dirs(tmp_path)
-    checkpoint = torch.load(os.path.join(run_dir, "checkpoints", "step-000000300.pt"), weights_only=True)
-    rb = dqn_atari.FrameReplayBuffer(args.buffer_size, 1)
-    rb.load_state_dict(checkpoint["replay_memory"])
+    rb = replay_memory_at_the_end_of_a_run(args, tmp_path)
     # a game's end takes two slots (its step, then its real last frame), every other step one
     slots = np.cumsum([0] + [1 + cut for cut in made[0].truncations[:-1]])
     cut_slots = slots[np.flatnonzero(made[0].truncations)]
