@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
-from running import read_scalars, run_dirs, run_script
+from running import read_scalars, run_dirs, run_script, run_tracked
 
 # Every tag the PPO scripts promise to log.
 PPO_TAGS = [
@@ -251,6 +251,14 @@ def assert_progress_line_per_iteration(stderr: str, scalars: dict, batch_size: i
         returns = [value for game_step, value in games if game_step <= batch_size * (i + 1)][-20:]
         assert int(n) == len(returns)
         assert recent == (f"{np.mean(returns):.2f}" if returns else "-")
+
+
+def run_tracked_on_inverted_pendulum(script: str, *args: str, cwd):
+    """A --track run of a MuJoCo script with `args` on InvertedPendulum-v5 (random play falls within a few
+    steps: whole episodes are quick to render in software), with --capture-video where MuJoCo can render
+    offscreen: the run whose videos assert_episodes_0_1_8_recorded_and_uploaded checks."""
+    video = [] if mujoco_offscreen_rendering_error() else ["--capture-video"]
+    return run_tracked(script, "--env-id", "InvertedPendulum-v5", *args, *video, cwd=cwd)
 
 
 def assert_episodes_0_1_8_recorded_and_uploaded(run_folder):
