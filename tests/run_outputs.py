@@ -155,6 +155,13 @@ def assert_videos_show_whole_games_of_env_0(cwd, num_envs: int, extra_screens: i
         assert len(frames) == length + extra_screens, video
 
 
+def assert_game_0_video_logged_as_wandb_media(cwd):
+    """A --track --capture-video run of a torch Atari script in `cwd` logged the video of env 0's game 0
+    as media of its one offline wandb run."""
+    (wandb_run,) = glob.glob(os.path.join(str(cwd), "wandb", "offline-run-*"))
+    assert glob.glob(os.path.join(wandb_run, "files", "media", "videos", "**", "game_0_*.mp4"), recursive=True)
+
+
 def assert_progress_lines_printed(stderr: str, steps: list[str]):
     """Off a terminal a run with `--progress-interval 0` printed a plain progress line at every
     chance, at these `STEP/TOTAL`s (what a longer interval leaves out: assert_progress_follows_the_convention)."""

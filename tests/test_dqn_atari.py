@@ -26,6 +26,7 @@ from references import (
 )
 from run_outputs import (
     DQN_TAGS,
+    assert_game_0_video_logged_as_wandb_media,
     assert_progress_follows_the_convention,
     assert_progress_lines_printed,
     assert_videos_show_whole_games_of_env_0,
@@ -418,8 +419,7 @@ def tracked_run(tmp_path_factory):
 
 def test_wandb_offline_run_is_created_with_the_videos(tracked_run):
     cwd, _ = tracked_run
-    (wandb_run,) = glob.glob(str(cwd / "wandb" / "offline-run-*"))
-    assert glob.glob(os.path.join(wandb_run, "files", "media", "videos", "**", "game_0_*.mp4"), recursive=True)
+    assert_game_0_video_logged_as_wandb_media(cwd)
 
 
 def test_progress_lines_are_printed_off_a_terminal(tracked_run):

@@ -1,7 +1,6 @@
 """Specification of cleanrl/ppo_atari.py."""
 
 import dataclasses
-import glob
 import os
 
 import ale_py
@@ -24,6 +23,7 @@ from references import assert_gae_matches_reference, assert_ppo_loss_matches_ref
 from run_outputs import (
     assert_bf16_run_gives_finite_losses,
     assert_freed_memory_is_kept,
+    assert_game_0_video_logged_as_wandb_media,
     assert_progress_follows_the_convention,
     assert_progress_line_per_iteration,
     assert_short_atari_run_logged,
@@ -209,9 +209,8 @@ def test_rollout_ends_episodes_at_life_losses_and_bootstraps_only_time_limits(tm
 
 def test_wandb_offline_run_is_created_with_the_videos(short_run):
     cwd, _ = short_run
-    (wandb_run,) = glob.glob(str(cwd / "wandb" / "offline-run-*"))
-    # game 0 of env 0 ends within 256 steps of random play; its video is logged as wandb media
-    assert glob.glob(os.path.join(wandb_run, "files", "media", "videos", "**", "game_0_*.mp4"), recursive=True)
+    # game 0 of env 0 ends within 256 steps of random play
+    assert_game_0_video_logged_as_wandb_media(cwd)
 
 
 def test_video_schedule_is_capped_cubic():
