@@ -44,6 +44,7 @@ import tyro
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 from benchmark.events import scalars, steady_sps  # noqa: E402
+from benchmark.ppo_update import ppo_update  # noqa: E402
 
 # script: (env id, arguments of the real run: a short learning phase reached early)
 SCRIPTS = {
@@ -221,7 +222,6 @@ def sac_work(module, args, env) -> NetworkWork:
 def ppo_work(module, args, envs) -> NetworkWork:
     obs_dim, action_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
     batch_size = args.num_envs * args.num_steps
-    minibatch_size = batch_size // args.num_minibatches
     agent = module.Agent(obs_dim, action_dim)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     obs, actions = torch.randn(batch_size, obs_dim), torch.randn(batch_size, action_dim)
@@ -233,18 +233,7 @@ def ppo_work(module, args, envs) -> NetworkWork:
         return action.numpy()
 
     def update():  # an iteration's epochs over its rollout
-        for _ in range(args.update_epochs):
-            inds = torch.randperm(batch_size)
-            for start in range(0, batch_size, minibatch_size):
-                mb = inds[start : start + minibatch_size]
-                _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs[mb], actions[mb])
-                loss, _ = module.ppo_loss(
-                    newlogprob, entropy, newvalue, logprobs[mb], advantages[mb], returns[mb], values[mb], args
-                )
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
+        ppo_update(module, agent, optimizer, args, (obs, actions, logprobs, advantages, returns, values))
 
     return NetworkWork(act, update, args.num_steps)
 

@@ -55,6 +55,7 @@ import torch
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 from benchmark.events import scalars, steady_sps  # noqa: E402
+from benchmark.ppo_update import ppo_update  # noqa: E402
 from benchmark.run import cpu_model  # noqa: E402  (the runner's logs name the CPU alike)
 
 SCRIPTS = ["ppo_atari", "ppo_atari_envpool", "ppo_atari_envpool_xla_jax_scan"]
@@ -122,7 +123,6 @@ def measure_nn_torch(module, num_envs: int, num_steps: int, precision: str, repe
     getattr(module, "keep_freed_memory", lambda: None)()
     args = module.Args(num_envs=num_envs, num_steps=num_steps)
     batch_size = num_envs * num_steps
-    minibatch_size = batch_size // args.num_minibatches
     agent = module.Agent(4).to(memory_format=torch.channels_last)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     autocast = lambda: torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16")
@@ -134,19 +134,7 @@ def measure_nn_torch(module, num_envs: int, num_steps: int, precision: str, repe
         for step in range(num_steps):
             with torch.inference_mode(), autocast():
                 agent.get_action_and_value(obs[step * num_envs : (step + 1) * num_envs])
-        for _ in range(args.update_epochs):
-            inds = torch.randperm(batch_size)
-            for start in range(0, batch_size, minibatch_size):
-                mb = inds[start : start + minibatch_size]
-                with autocast():
-                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs[mb], actions[mb])
-                loss, _ = module.ppo_loss(
-                    newlogprob, entropy, newvalue, logprobs[mb], advantages[mb], returns[mb], values[mb], args
-                )
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
+        ppo_update(module, agent, optimizer, args, (obs, actions, logprobs, advantages, returns, values), autocast)
 
     one_iteration()  # warm-up
     start = time.perf_counter()
