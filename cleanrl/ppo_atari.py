@@ -472,10 +472,11 @@ def fail(message: str):
 def check_args(args: Args):
     if "/" in args.exp_name or not args.exp_name:  # it names the run's folder and the model file in it
         fail(f"--exp-name {args.exp_name!r} must be a name without '/'")
-    if args.learning_rate < 0 or args.max_grad_norm < 0:  # a negative norm would flip the gradients
-        fail(
-            f"--learning-rate and --max-grad-norm must not be negative, got {args.learning_rate}, {args.max_grad_norm}"
-        )
+    for name in ("learning_rate", "max_grad_norm", "clip_coef", "vf_coef", "target_kl"):
+        if (getattr(args, name) or 0) < 0:  # ascent, flipped gradients, clamp(min > max), value ascent, 1-epoch updates
+            fail(f"--{name.replace('_', '-')} must not be negative, got {getattr(args, name)}")
+    if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1):
+        fail(f"--gamma and --gae-lambda must lie in [0, 1], got {args.gamma}, {args.gae_lambda}")
     # Env i gets seed + i, and a resumed run new seeds past the ones used (main): the emulator takes 32-bit seeds.
     last_env_seed = args.seed + (max(args.num_iterations, 1) + 1) * args.num_envs
     if args.seed < 0 or last_env_seed >= 2**31:

@@ -393,10 +393,11 @@ def check_env_exists(env_id: str):
 def check_args(args: Args):
     if "/" in args.exp_name or not args.exp_name:  # it names the run's folder and the model file in it
         fail(f"--exp-name {args.exp_name!r} must be a name without '/'")
-    if args.learning_rate < 0 or args.max_grad_norm < 0:  # a negative norm would flip the gradients
-        fail(
-            f"--learning-rate and --max-grad-norm must not be negative, got {args.learning_rate}, {args.max_grad_norm}"
-        )
+    for name in ("learning_rate", "max_grad_norm", "clip_coef", "vf_coef", "target_kl"):
+        if (getattr(args, name) or 0) < 0:  # ascent, flipped gradients, clamp(min > max), value ascent, 1-epoch updates
+            fail(f"--{name.replace('_', '-')} must not be negative, got {getattr(args, name)}")
+    if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1):
+        fail(f"--gamma and --gae-lambda must lie in [0, 1], got {args.gamma}, {args.gae_lambda}")
     if not 0 <= args.seed < 2**32:  # what numpy's seed takes
         fail(f"--seed must lie in [0, 2**32), got {args.seed}")
     if min(args.num_envs, args.num_steps, args.num_minibatches, args.update_epochs, args.eval_episodes) < 1:

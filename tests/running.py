@@ -132,6 +132,21 @@ def assert_atari_ranges_are_checked(check_args, make_args):
     assert_main_fails_with(check_args, make_args(exp_name="sweep/lr"), "--exp-name 'sweep/lr' must be a name")
 
 
+def assert_ppo_ranges_are_checked(check_args, make_args):
+    """A PPO script's check_args rejects, each with a one-line error naming the flag and its value: a negative
+    --clip-coef (torch.clamp with min > max would clamp every ratio to one bound), --vf-coef (the critic would
+    climb its loss) or --target-kl (the KL estimate is never negative: every update would stop after its first
+    epoch); a --gamma or --gae-lambda outside [0, 1]. make_args(**overrides): the script's Args."""
+    for overrides, message in [
+        (dict(clip_coef=-0.1), "--clip-coef must not be negative, got -0.1"),
+        (dict(vf_coef=-0.5), "--vf-coef must not be negative, got -0.5"),
+        (dict(target_kl=-0.01), "--target-kl must not be negative, got -0.01"),
+        (dict(gamma=1.01), "--gamma and --gae-lambda must lie in [0, 1], got 1.01, 0.95"),
+        (dict(gae_lambda=-0.1), "--gamma and --gae-lambda must lie in [0, 1], got 0.99, -0.1"),
+    ]:
+        assert_main_fails_with(check_args, make_args(**overrides), message)
+
+
 def assert_main_fails_with(main, args, *fragments: str):
     """main(args), called in this process, stops with a one-line `error: ...` message naming the
     problem (what `fail()` gives the shell as stderr and exit status 1). Cheaper than a subprocess

@@ -14,7 +14,14 @@ from run_outputs import (
     assert_progress_lines_off_a_terminal,
     mp4_frames,
 )
-from running import assert_main_fails_with, assert_user_error, read_scalars, run_dirs, run_script
+from running import (
+    assert_main_fails_with,
+    assert_ppo_ranges_are_checked,
+    assert_user_error,
+    read_scalars,
+    run_dirs,
+    run_script,
+)
 
 import cleanrl.ppo as ppo
 
@@ -166,8 +173,9 @@ def test_every_episode_is_logged_once_with_its_return_and_length_at_its_own_step
         (["--num-minibatches", "3"], "num_minibatches"),
         (["--total-timesteps", "100"], "smaller than one batch"),
         (["--num-envs", "0"], "must be positive"),
+        (["--clip-coef", "-0.1"], "--clip-coef must not be negative, got -0.1"),
     ],
-    ids=["unknown-env-id", "batch-not-divisible", "budget-below-one-batch", "no-envs"],
+    ids=["unknown-env-id", "batch-not-divisible", "budget-below-one-batch", "no-envs", "negative-clip-coef"],
 )
 def test_bad_input_exits_with_a_one_line_error(tmp_path, args, fragment):
     assert_user_error(run_script("ppo.py", *args, cwd=tmp_path, timeout=120), fragment)
@@ -194,14 +202,18 @@ def test_a_seed_numpy_cannot_take_is_a_one_line_error():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (dict(max_grad_norm=-0.5), "--learning-rate and --max-grad-norm must not be negative, got 0.00025, -0.5"),
-        (dict(learning_rate=-1.0), "--learning-rate and --max-grad-norm must not be negative, got -1.0, 0.5"),
+        (dict(max_grad_norm=-0.5), "--max-grad-norm must not be negative, got -0.5"),
+        (dict(learning_rate=-1.0), "--learning-rate must not be negative, got -1.0"),
         (dict(exp_name="a/b"), "--exp-name 'a/b' must be a name without '/'"),
     ],
     ids=["negative-gradient-norm", "negative-learning-rate", "exp-name-with-slash"],
 )
 def test_values_out_of_range_are_one_line_errors_naming_the_flag(overrides, message):
     assert_main_fails_with(ppo.check_args, ppo.Args(**overrides), message)
+
+
+def test_coefficients_and_discounts_out_of_range_are_one_line_errors_naming_the_flag():
+    assert_ppo_ranges_are_checked(ppo.check_args, ppo.Args)
 
 
 def test_short_cartpole_run_finishes_its_iterations_and_logs_every_tag(tmp_path):

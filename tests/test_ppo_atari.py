@@ -31,7 +31,15 @@ from run_outputs import (
     assert_warns_when_bf16_is_slow,
     capped_cubic_games,
 )
-from running import assert_atari_ranges_are_checked, assert_user_error, read_scalars, run_dirs, run_script, run_tracked
+from running import (
+    assert_atari_ranges_are_checked,
+    assert_ppo_ranges_are_checked,
+    assert_user_error,
+    read_scalars,
+    run_dirs,
+    run_script,
+    run_tracked,
+)
 
 import cleanrl.ppo_atari as ppo_atari
 
@@ -244,6 +252,7 @@ def test_progress_follows_the_convention(monkeypatch):
         (["--eval-checkpoint", "missing.cleanrl_model"], "does not exist"),
         (["--checkpoint-every", "-1"], "--checkpoint-every must be 0 (never) or positive"),
         (["--max-episode-steps", "0"], "--max-episode-steps must be positive"),
+        (["--clip-coef", "-0.1"], "--clip-coef must not be negative, got -0.1"),
     ],
 )
 def test_bad_input_is_a_one_line_error(tmp_path, args, message):
@@ -254,6 +263,7 @@ def test_values_out_of_range_are_one_line_errors_naming_the_flag():
     assert_atari_ranges_are_checked(
         ppo_atari.check_args, lambda **o: ppo_atari.Args(batch_size=1024, minibatch_size=256, num_iterations=9765, **o)
     )
+    assert_ppo_ranges_are_checked(ppo_atari.check_args, ppo_atari.Args)
 
 
 def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):

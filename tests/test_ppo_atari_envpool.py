@@ -23,7 +23,14 @@ from run_outputs import (
     assert_warns_when_bf16_is_slow,
     capped_cubic_games,
 )
-from running import assert_atari_ranges_are_checked, assert_user_error, read_scalars, run_dirs, run_script
+from running import (
+    assert_atari_ranges_are_checked,
+    assert_ppo_ranges_are_checked,
+    assert_user_error,
+    read_scalars,
+    run_dirs,
+    run_script,
+)
 
 import cleanrl.ppo_atari_envpool as ppo_envpool
 
@@ -354,6 +361,7 @@ def test_progress_follows_the_convention(monkeypatch):
         (["--num-steps", "1"], "at least 2"),
         (["--eval-checkpoint", "missing.cleanrl_model"], "does not exist"),
         (["--checkpoint-every", "-1"], "--checkpoint-every must be 0 (never) or positive"),
+        (["--clip-coef", "-0.1"], "--clip-coef must not be negative, got -0.1"),
     ],
 )
 def test_bad_input_is_a_one_line_error(tmp_path, args, message):
@@ -365,6 +373,7 @@ def test_values_out_of_range_are_one_line_errors_naming_the_flag():
         ppo_envpool.check_args,
         lambda **o: ppo_envpool.Args(batch_size=1024, minibatch_size=256, num_iterations=9765, **o),
     )
+    assert_ppo_ranges_are_checked(ppo_envpool.check_args, ppo_envpool.Args)
 
 
 def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):

@@ -41,6 +41,7 @@ from run_outputs import (
 from running import (
     REPO_ROOT,
     assert_atari_ranges_are_checked,
+    assert_ppo_ranges_are_checked,
     assert_user_error,
     free_port,
     read_scalars,
@@ -580,6 +581,7 @@ def test_bf16_training_run_gives_finite_losses(tmp_path):
         (["--eval-checkpoint", "missing.cleanrl_model"], "does not exist"),
         (["--checkpoint-every", "-1"], "--checkpoint-every must be 0 (never) or positive"),
         (["--num-processes", "2", "--process-id", "0"], "need --coordinator-address"),
+        (["--clip-coef", "-0.1"], "--clip-coef must not be negative, got -0.1"),
     ],
 )
 def test_bad_input_is_a_one_line_error(tmp_path, args, message):
@@ -588,6 +590,7 @@ def test_bad_input_is_a_one_line_error(tmp_path, args, message):
 
 def test_values_out_of_range_are_one_line_errors_naming_the_flag():
     assert_atari_ranges_are_checked(ppo_jax.check_args, lambda **o: small_args(num_iterations=100, **o))
+    assert_ppo_ranges_are_checked(ppo_jax.check_args, ppo_jax.Args)
 
 
 def test_num_envs_that_does_not_split_over_the_devices_is_a_one_line_error(tmp_path):

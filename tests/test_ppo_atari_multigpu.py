@@ -34,6 +34,7 @@ from running import (
     REPO_ROOT,
     assert_atari_ranges_are_checked,
     assert_main_fails_with,
+    assert_ppo_ranges_are_checked,
     assert_user_error,
     free_port,
     rank_lines,
@@ -827,6 +828,7 @@ def test_nodes_that_join_and_leave_an_elastic_job(tmp_path):
         ),
         (["--split-threshold", "1.5"], "must be at least 0 and below 1"),
         (["--split-every", "0"], "must be positive"),
+        (["--clip-coef", "-0.1"], "--clip-coef must not be negative, got -0.1"),
     ],
 )
 def test_bad_input_is_a_one_line_error(tmp_path, args, message):
@@ -840,6 +842,7 @@ def test_values_out_of_range_are_one_line_errors_naming_the_flag():
             num_envs=8, world_size=1, batch_size=1024, minibatch_size=256, num_iterations=9765, **o
         ),
     )
+    assert_ppo_ranges_are_checked(multigpu.check_args, multigpu.Args)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")

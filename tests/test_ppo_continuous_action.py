@@ -17,7 +17,14 @@ from run_outputs import (
     progress_steps,
     run_tracked_on_inverted_pendulum,
 )
-from running import assert_main_fails_with, assert_user_error, read_scalars, run_dirs, run_script
+from running import (
+    assert_main_fails_with,
+    assert_ppo_ranges_are_checked,
+    assert_user_error,
+    read_scalars,
+    run_dirs,
+    run_script,
+)
 
 import cleanrl.ppo_continuous_action as pca
 
@@ -380,7 +387,7 @@ def test_bad_input_from_the_command_line_is_a_one_line_error_without_traceback(t
         (dict(env_id="StepCountDictObservation-v0"), "observation space Dict("),
         (dict(env_id="nosuchpackage:Env-v0"), "cannot make environment 'nosuchpackage:Env-v0'"),
         (dict(exp_name="sweep/lr"), "--exp-name 'sweep/lr' must be a name without '/'"),
-        (dict(max_grad_norm=-0.5), "--learning-rate and --max-grad-norm must not be negative, got 0.0003, -0.5"),
+        (dict(max_grad_norm=-0.5), "--max-grad-norm must not be negative, got -0.5"),
     ],
     ids=[
         "unknown-env-id",
@@ -402,6 +409,10 @@ def test_bad_input_from_the_command_line_is_a_one_line_error_without_traceback(t
 def test_bad_input_is_a_one_line_error(tmp_path, monkeypatch, overrides, fragment):
     monkeypatch.chdir(tmp_path)
     assert_main_fails_with(pca.main, pca.Args(**overrides), fragment)
+
+
+def test_coefficients_and_discounts_out_of_range_are_one_line_errors_naming_the_flag():
+    assert_ppo_ranges_are_checked(pca.check_args, pca.Args)
 
 
 def test_a_saved_policy_whose_env_cannot_be_made_here_is_a_one_line_error_before_any_output(tmp_path, monkeypatch):
