@@ -399,7 +399,7 @@ def check_args(args: Args):
     for name in (*counts, "target_network_frequency", "eval_episodes"):
         if getattr(args, name) < 1:
             fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    for name in ("start_e", "end_e", "exploration_fraction", "eval_epsilon"):
+    for name in ("gamma", "start_e", "end_e", "exploration_fraction", "eval_epsilon"):
         if not 0.0 <= getattr(args, name) <= 1.0:
             fail(f"--{name.replace('_', '-')} must lie in [0, 1], got {getattr(args, name)}")
     if not 0.0 < args.tau <= 1.0:

@@ -505,7 +505,7 @@ def check_args(args: Args):
         fail(
             f"--max-episode-steps {args.max_episode_steps:,} overflows the emulator's frame counter: at most 2**29 - 1"
         )
-    for name in ("start_e", "end_e", "exploration_fraction", "eval_epsilon"):
+    for name in ("gamma", "start_e", "end_e", "exploration_fraction", "eval_epsilon"):
         if not 0.0 <= getattr(args, name) <= 1.0:
             fail(f"--{name.replace('_', '-')} must lie in [0, 1], got {getattr(args, name)}")
     if not 0.0 < args.tau <= 1.0:

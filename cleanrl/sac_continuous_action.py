@@ -362,8 +362,8 @@ def check_env_exists(env_id: str):
 def check_args(args: Args):
     if "/" in args.exp_name or not args.exp_name:  # it names the run's folder and the model file in it
         fail(f"--exp-name {args.exp_name!r} must be a name without '/'")
-    if args.policy_lr < 0 or args.q_lr < 0:
-        fail(f"--policy-lr and --q-lr must not be negative, got {args.policy_lr}, {args.q_lr}")
+    if min(args.policy_lr, args.q_lr, args.alpha) < 0:  # a negative alpha would reward a low entropy
+        fail(f"--policy-lr, --q-lr and --alpha must not be negative, got {args.policy_lr}, {args.q_lr}, {args.alpha}")
     if not 0 <= args.seed < 2**32:  # what numpy's seed takes
         fail(f"--seed must lie in [0, 2**32), got {args.seed}")
     counts = (args.total_timesteps, args.buffer_size, args.batch_size, args.policy_frequency, args.eval_episodes)
@@ -374,8 +374,8 @@ def check_args(args: Args):
         )
     if args.eval_checkpoint is None and args.learning_starts >= args.total_timesteps:
         fail(f"--learning-starts {args.learning_starts} leaves no step to learn: raise --total-timesteps")
-    if not 0.0 < args.tau <= 1.0:
-        fail(f"--tau {args.tau} must be in (0, 1]")
+    if not (0.0 < args.tau <= 1.0 and 0.0 <= args.gamma <= 1.0):
+        fail(f"--tau must be in (0, 1] and --gamma in [0, 1], got {args.tau}, {args.gamma}")
 
 
 def start_logging(args: Args, run_name: str, checkpoint: dict | None) -> SummaryWriter:

@@ -392,8 +392,9 @@ def test_wandb_offline_run_is_created_with_the_videos(tracked_run):
         (["--env-id", "Pendulum-v1"], "needs a Discrete one"),
         (["--total-timesteps", "5000"], "would never update"),
         (["--eval-checkpoint", "missing.cleanrl_model"], "does not exist"),
+        (["--gamma", "1.5"], "--gamma must lie in [0, 1], got 1.5"),
     ],
-    ids=["unknown-env-id", "continuous-actions", "no-update-in-budget", "missing-checkpoint"],
+    ids=["unknown-env-id", "continuous-actions", "no-update-in-budget", "missing-checkpoint", "gamma-above-1"],
 )
 def test_bad_input_is_a_one_line_error(tmp_path, args, message):
     assert_user_error(run_script("dqn.py", *args, cwd=tmp_path, timeout=120), message)
@@ -410,6 +411,7 @@ def test_bad_input_is_a_one_line_error(tmp_path, args, message):
         (dict(num_envs=0), "--num-envs must be positive"),
         (dict(eval_episodes=0), "--eval-episodes must be positive"),
         (dict(tau=0.0), "--tau must lie in (0, 1]"),
+        (dict(gamma=-0.1), "--gamma must lie in [0, 1], got -0.1"),
         (dict(end_e=1.5), "--end-e must lie in [0, 1]"),
         (dict(exploration_fraction=-0.1), "--exploration-fraction must lie in [0, 1]"),
         (dict(learning_starts=-1), "--learning-starts -1 must lie in [0, total_timesteps"),

@@ -438,8 +438,9 @@ def test_progress_follows_the_convention(monkeypatch):
         (["--num-envs", "3", "--buffer-size", "1000"], "not divisible by --num-envs 3"),
         (["--total-timesteps", "50000"], "would never update"),
         (["--eval-checkpoint", "missing.cleanrl_model"], "does not exist"),
+        (["--gamma", "1.5"], "--gamma must lie in [0, 1], got 1.5"),
     ],
-    ids=["unknown-env-id", "buffer-not-divisible", "no-update-in-budget", "missing-checkpoint"],
+    ids=["unknown-env-id", "buffer-not-divisible", "no-update-in-budget", "missing-checkpoint", "gamma-above-1"],
 )
 def test_bad_input_is_a_one_line_error(tmp_path, args, message):
     assert_user_error(run_script("dqn_atari.py", *args, cwd=tmp_path, env=ONE_THREAD), message)
@@ -459,6 +460,7 @@ def test_values_out_of_range_are_one_line_errors_naming_the_flag():
         (dict(eval_episodes=0), "--eval-episodes must be positive"),
         (dict(buffer_size=14, num_envs=2), "fewer than 8 steps per env"),
         (dict(tau=1.5), "--tau must lie in (0, 1]"),
+        (dict(gamma=-0.1), "--gamma must lie in [0, 1], got -0.1"),
         (dict(start_e=-0.1), "--start-e must lie in [0, 1]"),
         (dict(learning_starts=-1), "--learning-starts -1 must lie in [0, total_timesteps"),
         (

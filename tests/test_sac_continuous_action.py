@@ -525,12 +525,12 @@ def test_bad_input_from_the_command_line_is_a_one_line_error_without_traceback(t
         (dict(buffer_size=0), "must be positive"),
         (dict(policy_frequency=0), "must be positive"),
         (dict(learning_starts=-1), "at least 0"),
-        (dict(tau=0.0), "tau"),
+        (dict(tau=0.0), "--tau must be in (0, 1] and --gamma in [0, 1], got 0.0, 0.99"),
         (dict(eval_checkpoint="missing.cleanrl_model"), "does not exist"),
         (dict(seed=2**32), "--seed must lie in [0, 2**32), got 4294967296"),
         (dict(env_id="StepCountDictObservation-v0"), "observation space Dict("),
         (dict(env_id="nosuchpackage:Env-v0"), "cannot make environment 'nosuchpackage:Env-v0'"),
-        (dict(q_lr=-1e-3), "--policy-lr and --q-lr must not be negative, got 0.0003, -0.001"),
+        (dict(q_lr=-1e-3), "--policy-lr, --q-lr and --alpha must not be negative, got 0.0003, -0.001, 0.2"),
         (dict(exp_name="a/b"), "--exp-name 'a/b' must be a name without '/'"),
     ],
     ids=[
@@ -553,6 +553,19 @@ def test_bad_input_from_the_command_line_is_a_one_line_error_without_traceback(t
 def test_bad_input_is_a_one_line_error(tmp_path, monkeypatch, overrides, fragment):
     monkeypatch.chdir(tmp_path)
     assert_main_fails_with(sac.main, sac.Args(**overrides), fragment)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(gamma=1.5), "--tau must be in (0, 1] and --gamma in [0, 1], got 0.005, 1.5"),
+        (dict(alpha=-0.1), "--policy-lr, --q-lr and --alpha must not be negative, got 0.0003, 0.001, -0.1"),
+    ],
+    ids=["gamma-above-1", "negative-alpha"],
+)
+def test_a_discount_or_temperature_out_of_range_is_a_one_line_error_naming_the_flag(overrides, message):
+    # check_args alone: were the check missing, main would train for the default million steps
+    assert_main_fails_with(sac.check_args, sac.Args(**overrides), message)
 
 
 def test_corrupt_checkpoint_is_a_one_line_error(tmp_path, monkeypatch):
