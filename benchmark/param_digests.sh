@@ -5,7 +5,8 @@
 # kind of CPU only: oneDNN picks its convolution kernels by the CPU's vector instructions, and the same
 # code gave the Atari scripts other digests on an AMD EPYC with AVX-512 BF16 than on an earlier
 # machine (the MLP scripts' digests matched). `bash benchmark/param_digests.sh OLD_CHECKOUT` gives the
-# old side on the same machine.
+# old side on the same machine. A run that gives no digest prints FAILED with its last error line, and the
+# script exits 1: two blank tables must not read as "unchanged".
 #
 #     bash benchmark/param_digests.sh [REPO]    # REPO: the checkout whose scripts run (default: this one)
 set -uo pipefail
@@ -18,8 +19,14 @@ digest() {  # name, then the command's words after `python`
     local name="$1"; shift
     local line
     line="$("$@" 2>"$scratch/$name.err" | grep -E '^(rank 0: )?parameters sha256' | tail -1)"
-    printf '| %s | %s |\n' "$name" "${line##* }"
+    if [ -z "$line" ]; then  # a blank digest on both sides would read as "unchanged"
+        printf '| %s | FAILED: %s |\n' "$name" "$(grep -v '^\s*$' "$scratch/$name.err" | tail -1)"
+        failed=1
+    else
+        printf '| %s | %s |\n' "$name" "${line##* }"
+    fi
 }
+failed=0
 tool="$here/benchmark/param_digest.py"
 echo "| script | parameters sha256 |"
 echo "|---|---|"
@@ -37,3 +44,4 @@ digest ppo_continuous_action.py python "$tool" "$repo/cleanrl/ppo_continuous_act
 digest sac_continuous_action.py python "$tool" "$repo/cleanrl/sac_continuous_action.py" --total-timesteps 2000 \
     --learning-starts 1000
 rm -rf "$scratch"
+exit "$failed"
