@@ -804,3 +804,41 @@ def test_the_runs_of_a_tuner_killed_outright_die_with_it(tmp_path):
     while is_alive(run_pid) and time.time() < deadline:
         time.sleep(0.1)
     assert not is_alive(run_pid), "the run got SIGKILL with its tuner"
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
+def test_no_tuner_takes_the_place_of_a_retry_that_another_one_is_queueing(tune, postgresql, tmp_path):
+    # Trial 0 is a dead tuner's: running, its last heartbeat older than the grace period (2 s). The tuner that
+    # fails it then queues its retry, two writes; in between, the other tuner saw neither trial 0 running nor a
+    # retry, started a trial of its own in the retry's place, and the study reached --n-trials with the retry
+    # left waiting. Here a lock on the trials' system attributes holds the retry's write back for 3 s.
+    storage = tune.open_storage(postgresql, 1)
+    study = optuna.create_study(study_name="queueing", storage=storage, direction="maximize")
+    dead = study.ask({"score": optuna.distributions.FloatDistribution(0, 100)})
+    storage.record_heartbeat(dead._trial_id)
+    arguments = [
+        "--command", f"{FAKE} --total-timesteps 1000", "--env-ids", "CartPole-v1", "--param", "score=float:0:100",
+        "--storage", postgresql, "--study-name", "queueing", "--n-trials", "1", "--heartbeat-interval", "1",
+        *FAKE_QUICK,
+    ]  # fmt: skip
+    engine = sqlalchemy.create_engine(postgresql)
+    with engine.connect() as holder, engine.connect() as watcher:
+        holder.execute(sqlalchemy.text("LOCK TABLE trial_system_attributes IN EXCLUSIVE MODE"))
+        time.sleep(2)  # trial 0 is stale
+        tuners = [start_tuner(*arguments, cwd=tmp_path) for _ in range(2)]
+        waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        deadline = time.time() + 60
+        while watcher.execute(sqlalchemy.text(waiting)).scalar() == 0:
+            assert time.time() < deadline, "no tuner failed trial 0"
+            watcher.rollback()  # a transaction sees one snapshot of pg_stat_activity
+            time.sleep(0.1)
+        time.sleep(3)  # the other tuner looks at the trials every second
+        holder.rollback()  # the lock goes
+        outputs = [process.communicate(timeout=120)[0] for process in tuners]
+    engine.dispose()
+    assert [process.returncode for process in tuners] == [0, 0], outputs
+    trials = optuna.load_study(study_name="queueing", storage=postgresql).get_trials()
+    assert [(trial.state, RetryHeartbeatStaleTrialCallback.retried_trial_number(trial)) for trial in trials] == [
+        (TrialState.FAIL, None),
+        (TrialState.COMPLETE, 0),
+    ], outputs
