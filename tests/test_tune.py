@@ -771,11 +771,11 @@ def test_the_slurm_array_tuners_get_this_tuners_options_and_the_study_is_made_fi
     )
 
 
-def fake_tuner_with_a_long_run(cwd) -> tuple[subprocess.Popen, int]:
-    """A tuner of one trial of the fake whose run would go on for 20 s, once the run has started: (the tuner,
+def fake_tuner_with_a_long_run(cwd, seconds: int = 20) -> tuple[subprocess.Popen, int]:
+    """A tuner of one trial of the fake whose run would go on for `seconds`, once the run has started: (the tuner,
     the run's pid)."""
     process = start_tuner(
-        "--command", f"{FAKE} --total-timesteps 100000 --sleep 0.2 --score 1", "--env-ids", "CartPole-v1",
+        "--command", f"{FAKE} --total-timesteps {seconds * 5000} --sleep 0.2 --score 1", "--env-ids", "CartPole-v1",
         "--param", "learning-rate=float:0:1", "--n-trials", "1", *FAKE_QUICK, cwd=cwd,
     )  # fmt: skip
     _, run_pid, _ = first_run_started(process, FAKE_STUDY)
@@ -842,3 +842,25 @@ def test_no_tuner_takes_the_place_of_a_retry_that_another_one_is_queueing(tune, 
         (TrialState.FAIL, None),
         (TrialState.COMPLETE, 0),
     ], outputs
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
+def test_a_trial_failed_by_another_tuner_is_dropped_at_its_next_report_in_a_database(tmp_path):
+    # As the journal test above, on an RDB storage (SQLite here), which takes a finished trial's heartbeat: the
+    # tuner finds its trial failed when it next reports (every 1,000 steps: 0.2 s), and lets it go.
+    process, run_pid = fake_tuner_with_a_long_run(tmp_path, seconds=5)
+    time.sleep(2.5)  # its heartbeat, recorded when the trial started, is older than the other tuner's grace period
+    storage = optuna.storages.RDBStorage(
+        f"sqlite:///{tmp_path}/tune/optuna.db",
+        heartbeat_interval=1,
+        grace_period=1,
+        heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1),
+    )
+    optuna.storages.fail_stale_trials(optuna.load_study(study_name=FAKE_STUDY, storage=storage))
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 0 and "Traceback" not in output, output
+    assert "trial 0 was failed by another tuner" in output and "trial 1 started (a retry of trial 0)" in output
+    assert not is_alive(run_pid)
+    trials = load_study(tmp_path, FAKE_STUDY).get_trials()
+    assert [trial.state for trial in trials] == [TrialState.FAIL, TrialState.COMPLETE]
+    assert "KeyboardInterrupt" in (tmp_path / "logs" / f"CartPole-v1__{FAKE_STUDY}-trial0__1.log").read_text()
