@@ -382,6 +382,15 @@ def assert_fails_with(function, *fragments: str):
             [*BASE, "--param", "ent-coef=float:0:0.1:0.025", "--enqueue", "ent-coef=0.03", "--n-trials", "1"],
             "0.03 is not on the grid of --param ent-coef (0 + k x 0.025)",
         ),
+        (
+            [*BASE, "--param", "ent-coef=float:0:0.1", "--enqueue", "ent-coef=0.5", "--n-trials", "1"],
+            "0.5 is outside the range of --param ent-coef",
+        ),
+        (
+            [*BASE, "--param", "num-minibatches=choice:2,4", "--enqueue", "num-minibatches=3", "--n-trials", "1"],
+            "3 is not one of the choices of --param num-minibatches",
+        ),
+        (["--report", "--study-name", "nope"], "no study nope in sqlite:///tune/optuna.db"),
     ],
 )
 def test_bad_input_is_a_one_line_error_before_any_trial(tune, monkeypatch, tmp_path, arguments, fragment):
@@ -694,11 +703,14 @@ def test_each_sampled_value_reaches_the_scripts_command_line_as_its_flag_takes_i
     result = tuner(
         "--command", FAKE, "--env-ids", "CartPole-v1", "--param", *params,
         "--enqueue", "norm-adv=false", "game-steps=500", "--n-trials", "3", "--sampler", "random", "--seed", "1",
-        "--pruner", "none", *FAKE_QUICK, cwd=tmp_path,
+        "--pruner", "none", "--top", "2", *FAKE_QUICK, cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     trials = load_study(tmp_path, FAKE_STUDY).get_trials()
     assert [trial.state for trial in trials] == [TrialState.COMPLETE] * 3, result.stdout
+    rows = [line for line in result.stdout.splitlines() if re.match(r"\| \d+ \|", line)]
+    best = sorted(trials, key=lambda trial: -trial.value)
+    assert [int(row.split("|")[1]) for row in rows] == [trial.number for trial in best[:2]], "--top 2: the best two"
     for trial in trials:
         assert trial.distributions == {param.split("=")[0]: distribution for param, distribution in params.items()}
         values = trial.params
