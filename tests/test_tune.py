@@ -660,9 +660,9 @@ def test_a_trial_whose_runs_have_ended_is_complete_whatever_the_pruner_says_of_i
 def test_no_trial_is_pruned_before_the_pruner_warmup_steps(tmp_path, pruner):
     # Trial 1 (score 0) trails trial 0 (score 100) from its first report. Its run takes 0.4 s per 1,000 steps
     # and the tuner reads it as it goes: it is pruned at its report of step 3,000 (median: the first past the
-    # warm-up; halving: the first rung), not before, and long before its end.
+    # warm-up; halving: the first rung), not before, and long before its end (3.6 s later: room for a slow read).
     result = tuner(
-        "--command", f"{FAKE} --total-timesteps 8000 --sleep 0.4", "--env-ids", "CartPole-v1",
+        "--command", f"{FAKE} --total-timesteps 12000 --sleep 0.4", "--env-ids", "CartPole-v1",
         "--param", "score=float:0:100", "--enqueue", "score=100", "--enqueue", "score=0", "--n-trials", "2",
         "--pruner", pruner, "--pruner-startup-trials", "1", "--pruner-warmup-steps", "3000", *FAKE_QUICK, cwd=tmp_path,
     )  # fmt: skip
