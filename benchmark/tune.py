@@ -34,6 +34,7 @@ them with Optuna's figures to OUT_DIR/{study}/. Docs: docs/tuning.md
 """
 
 import argparse
+import datetime
 import glob
 import math
 import os
@@ -63,6 +64,7 @@ STUDY_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]|_(?!_))*$")  # no "__": i
 SET_BY_THE_TUNER = ("env-id", "seed", "exp-name")
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 MAX_RETRY = 1  # a trial failed by an interrupt or a lost heartbeat is queued again this many times
+RETRY_QUEUEING_S = 30.0  # how long such a trial's retry may take to appear in the study (see retries_being_queued)
 # What a study remembers of the command that made it: a tuner with another one stops instead of mixing them.
 DEFINITION = ("command", "env_ids", "seeds", "window", "score_ranges")
 fail = runner.fail
@@ -658,6 +660,26 @@ def failures(study: optuna.Study) -> int:
     return sum("error" in trial.user_attrs for trial in trials)
 
 
+def retries_being_queued(study: optuna.Study) -> int:
+    """The trials just failed by an interrupt or a lost heartbeat whose retry is not in the study yet. The tuner that
+    fails one writes the failure, then the retry: in between, another tuner sees neither the trial running nor its
+    retry waiting, and would start a new trial in the retry's place (the study then reaches --n-trials with the
+    retry left waiting). Each counts as running until its retry is there, or for RETRY_QUEUEING_S at most (the
+    tuner that failed it may have died in between)."""
+    trials = study.get_trials(deepcopy=False)
+    retried = {number for trial in trials for number in RetryHeartbeatStaleTrialCallback.retry_history(trial)}
+    now = datetime.datetime.now()
+    return sum(
+        trial.state == TrialState.FAIL
+        and "error" not in trial.user_attrs
+        and len(RetryHeartbeatStaleTrialCallback.retry_history(trial)) < MAX_RETRY
+        and trial.number not in retried
+        and trial.datetime_complete is not None
+        and abs((now - trial.datetime_complete).total_seconds()) < RETRY_QUEUEING_S
+        for trial in trials
+    )
+
+
 def work(study: optuna.Study, storage, setup: Setup, cli) -> int:
     """Runs trials, --workers at a time, until the study has --n-trials finished ones."""
     live_runs: list[runner.Run] = []
@@ -719,7 +741,8 @@ def work(study: optuna.Study, storage, setup: Setup, cli) -> int:
                         flush=True,
                     )
                     return 1
-                if not failing and finished + number[TrialState.RUNNING] < cli.n_trials:
+                running = number[TrialState.RUNNING] + retries_being_queued(study)
+                if not failing and finished + running < cli.n_trials:
                     trial_runs = start_trial(study, storage, setup, cli.workers, display)
                     active.append(trial_runs)
                     live_runs.extend(trial_runs.runs)

@@ -1,9 +1,13 @@
 """benchmark/tune.py, the Optuna tuner, on real trials of cleanrl/ppo.py (CartPole, 2,048 steps each): a
 tiny study on 2 local workers whose median pruner must stop a deliberately bad trial, its results,
 continuing it, bad input; and two tuners sharing one study through a real PostgreSQL server, one of
-them SIGKILLed in the middle of a trial (tests/services.py starts the server)."""
+them SIGKILLed in the middle of a trial (tests/services.py starts the server). Then, in a few seconds each,
+trials of a stand-in script whose returns are known (tests/fake_train.py --score): the objective and its
+reports (seeds, window, steps, normalization), failed and killed runs, the pruner's warm-up and budget, the
+sampled values on the command line, the array tasks' seeds and options, SIGHUP and SIGKILL of the tuner."""
 
 import json
+import math
 import os
 import re
 import shlex
@@ -17,7 +21,15 @@ import pytest
 import sqlalchemy
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
-from running import REPO_ROOT, assert_user_error, is_alive, read_scalars, run_tool, subprocess_environment
+from running import (
+    FAKE_TRAIN,
+    REPO_ROOT,
+    assert_user_error,
+    is_alive,
+    read_scalars,
+    run_tool,
+    subprocess_environment,
+)
 from services import postgresql_missing, postgresql_server
 
 # RetryHeartbeatStaleTrialCallback and its helpers are "experimental" in Optuna (since 2.8).
@@ -43,8 +55,8 @@ STUDY = [
 ]  # fmt: skip
 
 
-def tuner(*args: str, cwd, timeout: int = 300):
-    return run_tool("tune.py", *args, cwd=cwd, timeout=timeout)
+def tuner(*args: str, cwd, timeout: int = 300, env: dict | None = None):
+    return run_tool("tune.py", *args, cwd=cwd, timeout=timeout, env=env)
 
 
 def load_study(cwd, name: str = "ppo-CartPole-v1", storage: str | None = None) -> optuna.Study:
@@ -153,12 +165,12 @@ def test_report_prints_the_results_of_a_study_without_running_anything(tiny_stud
     assert "# Study ppo-CartPole-v1" in result.stdout and "| trial |" in result.stdout
 
 
-def first_run_started(process: subprocess.Popen) -> tuple[int, int, str]:
+def first_run_started(process: subprocess.Popen, study: str = "ppo-CartPole-v1") -> tuple[int, int, str]:
     """Reads a tuner's output until its first run has started: (trial number, the run's pid, what it read)."""
     lines = []
     for line in process.stdout:
         lines.append(line)
-        if match := re.search(r"started CartPole-v1__ppo-CartPole-v1-trial(\d+)__1 \(pid (\d+),", line):
+        if match := re.search(rf"started CartPole-v1__{study}-trial(\d+)__1 \(pid (\d+),", line):
             return int(match[1]), int(match[2]), "".join(lines)
     raise AssertionError("".join(lines))
 
@@ -337,6 +349,10 @@ def assert_fails_with(function, *fragments: str):
             [*BASE, "--param", "learning-rate=log:1e-5:1e-3", "--storage", "postgresql://nobody@127.0.0.1:1/none"],
             "cannot reach the storage postgresql://nobody@127.0.0.1:1/none",
         ),
+        (
+            [*BASE, "--param", "learning-rate=log:1e-5:1e-3", "--storage", "postgresql://me:secret@127.0.0.1:1/none"],
+            "cannot reach the storage postgresql://me:***@127.0.0.1:1/none",
+        ),
         ([*BASE, "--param", "learning-rate=log:1e-5:1e-3", "--slurm"], "SQLite does not lock reliably"),
         (
             ["--command", f"{TINY} --seed 3", "--env-ids", "CartPole-v1", "--param", "ent-coef=float:0:0.1"],
@@ -366,6 +382,15 @@ def assert_fails_with(function, *fragments: str):
             [*BASE, "--param", "ent-coef=float:0:0.1:0.025", "--enqueue", "ent-coef=0.03", "--n-trials", "1"],
             "0.03 is not on the grid of --param ent-coef (0 + k x 0.025)",
         ),
+        (
+            [*BASE, "--param", "ent-coef=float:0:0.1", "--enqueue", "ent-coef=0.5", "--n-trials", "1"],
+            "0.5 is outside the range of --param ent-coef",
+        ),
+        (
+            [*BASE, "--param", "num-minibatches=choice:2,4", "--enqueue", "num-minibatches=3", "--n-trials", "1"],
+            "3 is not one of the choices of --param num-minibatches",
+        ),
+        (["--report", "--study-name", "nope"], "no study nope in sqlite:///tune/optuna.db"),
     ],
 )
 def test_bad_input_is_a_one_line_error_before_any_trial(tune, monkeypatch, tmp_path, arguments, fragment):
@@ -532,3 +557,322 @@ def test_the_docs_arguments_table_names_every_flag_of_the_tuner(tune):
     }
     assert sorted(flags - rows) == [], "docs/tuning.md's Arguments table lacks these flags"
     assert sorted(rows - flags) == [], "docs/tuning.md's Arguments table names flags the tuner does not have"
+
+
+# ---------------------------------------------------------------------------------------------
+# Trials of a stand-in script with known returns (tests/fake_train.py --score), a few seconds each
+# ---------------------------------------------------------------------------------------------
+# The fake's k-th game ends at step 250 x k with the return score x seed + k; an iteration is 1,000 steps.
+FAKE = f"{sys.executable} {FAKE_TRAIN}"
+FAKE_STUDY = "fake-train-CartPole-v1"
+FAKE_QUICK = ["--window", "5", "--report-every", "1000", "--read-interval", "0.2", "--status-interval", "1000"]
+
+
+def mean_of_last_games(cwd, run_dir: str, until: float = math.inf, window: int = 5) -> float:
+    """A run's mean return of its last `window` games ended by step `until`, from its events."""
+    games = read_scalars(str(cwd / run_dir))["charts/episodic_return"]
+    returns = [value for step, value in games if step <= until][-window:]
+    return sum(returns) / len(returns)
+
+
+def test_the_objective_and_its_reports_are_the_mean_over_seeds_of_each_runs_last_games(tmp_path):
+    # Seeds 1 and 2 of the trial return different games (10 x seed + k): the objective is the mean of the two
+    # runs' means of their last 5 games, and each report the same of the games ended by its step.
+    result = tuner(
+        "--command", f"{FAKE} --total-timesteps 3000", "--env-ids", "CartPole-v1", "--seeds", "1", "2",
+        "--param", "score=float:0:100", "--enqueue", "score=10", "--n-trials", "1", "--pruner", "none", *FAKE_QUICK,
+        cwd=tmp_path, env={"SLURM_CPUS_PER_TASK": "8"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    (trial,) = load_study(tmp_path, FAKE_STUDY).get_trials()
+    run_dirs = trial.user_attrs["run_dirs"]
+    assert [run_dir.rsplit("__", 1)[0] for run_dir in run_dirs] == [
+        f"runs/CartPole-v1__{FAKE_STUDY}-trial0__{seed}" for seed in (1, 2)
+    ], "each seed's value is read from its own run"
+    per_seed = [mean_of_last_games(tmp_path, run_dir) for run_dir in run_dirs]
+    assert per_seed == [20.0, 30.0]  # games 8 to 12 of 10 x seed + k
+    assert trial.user_attrs["seed_values"] == per_seed and trial.user_attrs["std"] == 5.0
+    assert trial.value == 25.0
+    assert trial.intermediate_values == {
+        step: sum(mean_of_last_games(tmp_path, run_dir, until=step) for run_dir in run_dirs) / 2
+        for step in (1000, 2000, 3000)
+    }
+    for seed in (1, 2):  # the task's 8 cores shared by the trial's 2 runs
+        log = (tmp_path / "logs" / f"CartPole-v1__{FAKE_STUDY}-trial0__{seed}.log").read_text()
+        assert log.splitlines()[1].startswith("# OMP_NUM_THREADS=4, "), log
+
+
+def test_the_returns_of_several_env_ids_or_of_one_with_a_range_are_normalized(tmp_path):
+    # Each run's last 5 games return 20 on average. Two studies in one storage: the second's trial 0 is the
+    # storage's second trial, and its runs are named by its number in the study all the same.
+    same = ["--param", "score=float:0:100", "--enqueue", "score=10", "--n-trials", "1", "--pruner", "none"]
+    for name, ranges in (("both", ["CartPole-v1=10:20", "Acrobot-v1=0:100"]), ("one", ["CartPole-v1=10:30"])):
+        env_ids = [env_range.split("=")[0] for env_range in ranges]
+        result = tuner(
+            "--command", f"{FAKE} --total-timesteps 3000", "--env-ids", *env_ids, "--score-range", *ranges,
+            "--study-name", name, *same, *FAKE_QUICK, cwd=tmp_path,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout + result.stderr
+    (both,), (one,) = (load_study(tmp_path, name).get_trials() for name in ("both", "one"))
+    assert both.value == pytest.approx(((20 - 10) / (20 - 10) + (20 - 0) / (100 - 0)) / 2)
+    assert one.value == pytest.approx((20 - 10) / (30 - 10)), "a range given for a single env id is used"
+    assert one.user_attrs["logs"] == ["logs/CartPole-v1__one-trial0__1.log"]
+
+
+@pytest.mark.parametrize(
+    "flags, error",
+    [
+        ("--fail-seeds 1", "CartPole-v1__fake-train-CartPole-v1-trial{number}__1 exited 1 (see logs/"),
+        ("--kill-self", "CartPole-v1__fake-train-CartPole-v1-trial{number}__1 exited -9 (see logs/"),
+        ("--game-steps 100000", "a run finished no game: raise --total-timesteps"),
+    ],
+)
+def test_a_trial_whose_run_fails_is_killed_or_ends_no_game_fails_and_three_such_stop_the_tuner(tmp_path, flags, error):
+    # A run killed by a signal (the OOM killer's SIGKILL) fails its trial as an exit status 1 does. With
+    # --n-trials 1, the tuner gives up after 3 failed trials all the same.
+    result = tuner(
+        "--command", f"{FAKE} --total-timesteps 2000 --score 1 {flags}", "--env-ids", "CartPole-v1",
+        "--param", "learning-rate=float:0:1", "--n-trials", "1", *FAKE_QUICK, cwd=tmp_path, timeout=90,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: 3 trials of study {FAKE_STUDY} failed")
+    trials = load_study(tmp_path, FAKE_STUDY).get_trials()
+    assert [trial.state for trial in trials] == [TrialState.FAIL] * 3
+    assert all(error.format(number=trial.number) in trial.user_attrs["error"] for trial in trials), trials
+
+
+def test_a_trial_whose_runs_have_ended_is_complete_whatever_the_pruner_says_of_its_reports(tmp_path):
+    # --read-interval 1000: the tuner reads trial 1's events once its run has ended, and reports them all; trial 1
+    # (score 0) trails trial 0 (score 100) at every step, and the median pruner would stop it from the first.
+    result = tuner(
+        "--command", f"{FAKE} --total-timesteps 3000", "--env-ids", "CartPole-v1", "--param", "score=float:0:100",
+        "--enqueue", "score=100", "--enqueue", "score=0", "--n-trials", "2", "--pruner-startup-trials", "1",
+        *FAKE_QUICK, "--read-interval", "1000", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    trials = load_study(tmp_path, FAKE_STUDY).get_trials()
+    assert [trial.state for trial in trials] == [TrialState.COMPLETE, TrialState.COMPLETE], result.stdout
+    assert trials[1].value == mean_of_last_games(tmp_path, trials[1].user_attrs["run_dirs"][0]) == 10.0
+    assert 1000 in trials[1].intermediate_values, "the reports were made"
+
+
+@pytest.mark.parametrize("pruner", ["median", "halving"])
+def test_no_trial_is_pruned_before_the_pruner_warmup_steps(tmp_path, pruner):
+    # Trial 1 (score 0) trails trial 0 (score 100) from its first report. Its run takes 0.4 s per 1,000 steps
+    # and the tuner reads it as it goes: it is pruned at its report of step 3,000 (median: the first past the
+    # warm-up; halving: the first rung), not before, and long before its end (3.6 s later: room for a slow read).
+    result = tuner(
+        "--command", f"{FAKE} --total-timesteps 12000 --sleep 0.4", "--env-ids", "CartPole-v1",
+        "--param", "score=float:0:100", "--enqueue", "score=100", "--enqueue", "score=0", "--n-trials", "2",
+        "--pruner", pruner, "--pruner-startup-trials", "1", "--pruner-warmup-steps", "3000", *FAKE_QUICK, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    trials = load_study(tmp_path, FAKE_STUDY).get_trials()
+    assert [trial.state for trial in trials] == [TrialState.COMPLETE, TrialState.PRUNED], result.stdout
+    assert "trial 1 pruned at step 3,000" in result.stdout
+    assert list(trials[1].intermediate_values) == [1000, 2000, 3000]
+
+
+def test_a_trial_that_trained_its_tuned_total_timesteps_is_not_pruned_while_it_evaluates(tmp_path):
+    # As the dqn.py test above, with --total-timesteps a --param: trial 1 trails trial 0 at its last step, 2,000,
+    # and its run goes on for 3 s after it (an evaluation); that report is recorded, not put to the pruner.
+    result = tuner(
+        "--command", f"{FAKE} --eval-sleep 3", "--env-ids", "CartPole-v1",
+        "--param", "total-timesteps=choice:2000,3000", "score=float:0:100",
+        "--enqueue", "total-timesteps=2000", "score=100", "--enqueue", "total-timesteps=2000", "score=0",
+        "--n-trials", "2", "--pruner-startup-trials", "1", *FAKE_QUICK, "--report-every", "2000", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    trials = load_study(tmp_path, FAKE_STUDY).get_trials()
+    assert [trial.state for trial in trials] == [TrialState.COMPLETE, TrialState.COMPLETE], result.stdout
+    assert trials[1].value < trials[0].value and list(trials[1].intermediate_values) == [2000]
+
+
+def test_each_sampled_value_reaches_the_scripts_command_line_as_its_flag_takes_it(tmp_path):
+    # A boolean, an int choice, log ranges of a float and of an int flag, a float and an int grid: the study
+    # samples each from its distribution, and each trial's command has the values in the flags' types (the
+    # fake's argparse refuses 3.0 for an int flag). Trial 0 is enqueued, 1 and 2 sampled.
+    params = {
+        "norm-adv=choice:true,false": optuna.distributions.CategoricalDistribution([True, False]),
+        "game-steps=choice:250,500": optuna.distributions.CategoricalDistribution([250, 500]),
+        "learning-rate=log:1e-4:1e-1": optuna.distributions.FloatDistribution(1e-4, 1e-1, log=True),
+        "num-minibatches=log:1:64": optuna.distributions.IntDistribution(1, 64, log=True),
+        "score=float:0:100:12.5": optuna.distributions.FloatDistribution(0, 100, step=12.5),
+        "total-timesteps=int:2000:4000:1000": optuna.distributions.IntDistribution(2000, 4000, step=1000),
+    }
+    result = tuner(
+        "--command", FAKE, "--env-ids", "CartPole-v1", "--param", *params,
+        "--enqueue", "norm-adv=false", "game-steps=500", "--n-trials", "3", "--sampler", "random", "--seed", "1",
+        "--pruner", "none", "--top", "2", *FAKE_QUICK, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    trials = load_study(tmp_path, FAKE_STUDY).get_trials()
+    assert [trial.state for trial in trials] == [TrialState.COMPLETE] * 3, result.stdout
+    rows = [line for line in result.stdout.splitlines() if re.match(r"\| \d+ \|", line)]
+    best = sorted(trials, key=lambda trial: -trial.value)
+    assert [int(row.split("|")[1]) for row in rows] == [trial.number for trial in best[:2]], "--top 2: the best two"
+    for trial in trials:
+        assert trial.distributions == {param.split("=")[0]: distribution for param, distribution in params.items()}
+        values = trial.params
+        assert all(isinstance(values[name], int) for name in ("game-steps", "num-minibatches", "total-timesteps"))
+        arguments = ["--norm-adv" if values["norm-adv"] else "--no-norm-adv"] + [
+            f"--{name} {values[name]}" for name in list(trial.distributions)[1:]
+        ]
+        assert trial.user_attrs["command"] == " ".join([FAKE, *arguments])
+    assert trials[0].user_attrs["command"].startswith(f"{FAKE} --no-norm-adv --game-steps 500 ")
+
+
+@pytest.mark.parametrize("variable", ["SLURM_ARRAY_TASK_ID", "AWS_BATCH_JOB_ARRAY_INDEX"])
+def test_each_array_task_seeds_its_sampler_with_seed_plus_its_index(tmp_path, variable):
+    # Task 2 of an array given --seed 3 samples what a lone tuner given --seed 5 samples: tuners of one array
+    # must not all sample the same trials.
+    result = tuner(
+        "--command", f"{FAKE} --total-timesteps 1000", "--env-ids", "CartPole-v1",
+        "--param", "score=float:0:100", "learning-rate=float:0:1", "--sampler", "random", "--seed", "3",
+        "--n-trials", "1", "--pruner", "none", *FAKE_QUICK, cwd=tmp_path, env={variable: "2"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    reference = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=5)).ask()
+    expected = {
+        "score": reference.suggest_float("score", 0, 100),
+        "learning-rate": reference.suggest_float("learning-rate", 0, 1),
+    }
+    assert load_study(tmp_path, FAKE_STUDY).get_trials()[0].params == expected
+
+
+def test_the_slurm_array_tuners_get_this_tuners_options_and_the_study_is_made_first(tune, tmp_path):
+    # --dry-run prints the sbatch script: each array task's command, parsed by the tuner's own parser, has every
+    # option of this one but the fan-out's. The study is made (with the Atari games' random and human scores for
+    # the env id without a --score-range) and its --enqueue trial queued before the job is submitted.
+    journal = f"journal:{tmp_path / 'tune.journal'}"
+    study = [
+        "--command", f"{FAKE} --total-timesteps 2000", "--env-ids", "BreakoutNoFrameskip-v4", "PongNoFrameskip-v4",
+        "--score-range", "PongNoFrameskip-v4=-21:21", "--study-name", "atari", "--storage", journal,
+        "--param", "learning-rate=log:1e-4:1e-2", "score=float:0:1", "--window", "7",
+    ]  # fmt: skip
+    options = [
+        *study, "--seeds", "1", "2", "--n-trials", "12", "--workers", "2", "--report-every", "500",
+        "--sampler", "random", "--seed", "4", "--pruner", "halving", "--pruner-startup-trials", "3",
+        "--pruner-warmup-steps", "1000",
+        "--enqueue", "learning-rate=0.001", "score=0.5", "--log-dir", "out/logs", "--out-dir", "out/tune",
+        "--top", "4", "--status-interval", "30", "--stop-timeout", "9", "--heartbeat-interval", "20",
+        "--read-interval", "2",
+    ]  # fmt: skip
+    fan_out = ["--slurm", "--array-tasks", "3", "--cpus-per-task", "4", "--time", "1:00:00", "--mem", "8G"]
+    result = tuner(*options, *fan_out, "--dry-run", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "#SBATCH --array=0-2\n" in result.stdout
+    lines = result.stdout.split("\ncommands=(\n", 1)[1].split("\n)\n", 1)[0].splitlines()
+    assert len(lines) == 3 and len(set(lines)) == 1, lines
+    worker = shlex.split(shlex.split(lines[0])[0])
+    assert worker[:2] == [sys.executable, os.path.join(REPO_ROOT, "benchmark", "tune.py")]
+    parser = tune.make_parser()
+    fan_out_options = {action.dest for action in parser._action_groups[-1]._group_actions} | {"dry_run", "report"}
+    this, task = vars(parser.parse_args([*options, *fan_out])), vars(parser.parse_args(worker[2:]))
+    assert {name: this[name] for name in this if name not in fan_out_options} == {
+        name: task[name] for name in task if name not in fan_out_options
+    }
+    made = optuna.load_study(study_name="atari", storage=tune.open_storage(journal, 60))
+    assert made.user_attrs["score_ranges"] == {"BreakoutNoFrameskip-v4": [1.7, 30.5], "PongNoFrameskip-v4": [-21, 21]}
+    assert [(trial.state, trial.system_attrs["fixed_params"]) for trial in made.get_trials()] == [
+        (TrialState.WAITING, {"learning-rate": 0.001, "score": 0.5})
+    ], "the --enqueue trial, queued"
+    # the same study with other seeds is another search
+    assert_user_error(
+        tuner(*study, "--seeds", "1", *fan_out, "--dry-run", cwd=tmp_path), "study atari was made with another seeds"
+    )
+
+
+def fake_tuner_with_a_long_run(cwd, seconds: int = 20) -> tuple[subprocess.Popen, int]:
+    """A tuner of one trial of the fake whose run would go on for `seconds`, once the run has started: (the tuner,
+    the run's pid)."""
+    process = start_tuner(
+        "--command", f"{FAKE} --total-timesteps {seconds * 5000} --sleep 0.2 --score 1", "--env-ids", "CartPole-v1",
+        "--param", "learning-rate=float:0:1", "--n-trials", "1", *FAKE_QUICK, cwd=cwd,
+    )  # fmt: skip
+    _, run_pid, _ = first_run_started(process, FAKE_STUDY)
+    return process, run_pid
+
+
+def test_sighup_of_a_closed_terminal_stops_the_runs_cleanly_and_queues_the_trial_again(tmp_path):
+    process, run_pid = fake_tuner_with_a_long_run(tmp_path)
+    time.sleep(1)
+    process.send_signal(signal.SIGHUP)
+    output = process.communicate(timeout=60)[0]
+    assert process.returncode == 130, output
+    assert output.strip().splitlines()[-1] == "error: interrupted: stopped trial(s) 0 (failed, and queued to run again)"
+    assert not is_alive(run_pid)
+    assert "KeyboardInterrupt" in (tmp_path / "logs" / f"CartPole-v1__{FAKE_STUDY}-trial0__1.log").read_text()
+    trials = load_study(tmp_path, FAKE_STUDY).get_trials()
+    assert [trial.state for trial in trials] == [TrialState.FAIL, TrialState.WAITING]
+
+
+def test_the_runs_of_a_tuner_killed_outright_die_with_it(tmp_path):
+    # (SIGKILL, the OOM killer) A run whose tuner is gone could not report anything.
+    process, run_pid = fake_tuner_with_a_long_run(tmp_path)
+    process.kill()
+    process.communicate(timeout=60)
+    deadline = time.time() + 5
+    while is_alive(run_pid) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not is_alive(run_pid), "the run got SIGKILL with its tuner"
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
+def test_no_tuner_takes_the_place_of_a_retry_that_another_one_is_queueing(tune, postgresql, tmp_path):
+    # Trial 0 is a dead tuner's: running, its last heartbeat older than the grace period (2 s). The tuner that
+    # fails it then queues its retry, two writes; in between, the other tuner saw neither trial 0 running nor a
+    # retry, started a trial of its own in the retry's place, and the study reached --n-trials with the retry
+    # left waiting. Here a lock on the trials' system attributes holds the retry's write back for 3 s.
+    storage = tune.open_storage(postgresql, 1)
+    study = optuna.create_study(study_name="queueing", storage=storage, direction="maximize")
+    dead = study.ask({"score": optuna.distributions.FloatDistribution(0, 100)})
+    storage.record_heartbeat(dead._trial_id)
+    arguments = [
+        "--command", f"{FAKE} --total-timesteps 1000", "--env-ids", "CartPole-v1", "--param", "score=float:0:100",
+        "--storage", postgresql, "--study-name", "queueing", "--n-trials", "1", "--heartbeat-interval", "1",
+        *FAKE_QUICK,
+    ]  # fmt: skip
+    engine = sqlalchemy.create_engine(postgresql)
+    with engine.connect() as holder, engine.connect() as watcher:
+        holder.execute(sqlalchemy.text("LOCK TABLE trial_system_attributes IN EXCLUSIVE MODE"))
+        time.sleep(2)  # trial 0 is stale
+        tuners = [start_tuner(*arguments, cwd=tmp_path) for _ in range(2)]
+        waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        deadline = time.time() + 60
+        while watcher.execute(sqlalchemy.text(waiting)).scalar() == 0:
+            assert time.time() < deadline, "no tuner failed trial 0"
+            watcher.rollback()  # a transaction sees one snapshot of pg_stat_activity
+            time.sleep(0.1)
+        time.sleep(3)  # the other tuner looks at the trials every second
+        holder.rollback()  # the lock goes
+        outputs = [process.communicate(timeout=120)[0] for process in tuners]
+    engine.dispose()
+    assert [process.returncode for process in tuners] == [0, 0], outputs
+    trials = optuna.load_study(study_name="queueing", storage=postgresql).get_trials()
+    assert [(trial.state, RetryHeartbeatStaleTrialCallback.retried_trial_number(trial)) for trial in trials] == [
+        (TrialState.FAIL, None),
+        (TrialState.COMPLETE, 0),
+    ], outputs
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
+def test_a_trial_failed_by_another_tuner_is_dropped_at_its_next_report_in_a_database(tmp_path):
+    # As the journal test above, on an RDB storage (SQLite here), which takes a finished trial's heartbeat: the
+    # tuner finds its trial failed when it next reports (every 1,000 steps: 0.2 s), and lets it go.
+    process, run_pid = fake_tuner_with_a_long_run(tmp_path, seconds=5)
+    time.sleep(2.5)  # its heartbeat, recorded when the trial started, is older than the other tuner's grace period
+    storage = optuna.storages.RDBStorage(
+        f"sqlite:///{tmp_path}/tune/optuna.db",
+        heartbeat_interval=1,
+        grace_period=1,
+        heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1),
+    )
+    optuna.storages.fail_stale_trials(optuna.load_study(study_name=FAKE_STUDY, storage=storage))
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 0 and "Traceback" not in output, output
+    assert "trial 0 was failed by another tuner" in output and "trial 1 started (a retry of trial 0)" in output
+    assert not is_alive(run_pid)
+    trials = load_study(tmp_path, FAKE_STUDY).get_trials()
+    assert [trial.state for trial in trials] == [TrialState.FAIL, TrialState.COMPLETE]
+    assert "KeyboardInterrupt" in (tmp_path / "logs" / f"CartPole-v1__{FAKE_STUDY}-trial0__1.log").read_text()
