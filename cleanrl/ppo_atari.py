@@ -472,8 +472,9 @@ def fail(message: str):
 def check_args(args: Args):
     if "/" in args.exp_name or not args.exp_name:  # it names the run's folder and the model file in it
         fail(f"--exp-name {args.exp_name!r} must be a name without '/'")
+    # Below 0, each trains silently wrong: ascent (rate, value loss), flipped gradients, clamp(min > max), stops at once
     for name in ("learning_rate", "max_grad_norm", "clip_coef", "vf_coef", "target_kl"):
-        if (getattr(args, name) or 0) < 0:  # ascent, flipped gradients, clamp(min > max), value ascent, 1-epoch updates
+        if (getattr(args, name) or 0) < 0:  # target_kl: None never stops
             fail(f"--{name.replace('_', '-')} must not be negative, got {getattr(args, name)}")
     if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1):
         fail(f"--gamma and --gae-lambda must lie in [0, 1], got {args.gamma}, {args.gae_lambda}")
