@@ -21,8 +21,9 @@ not a cluster (no network card, no switch, and on a machine with fewer cores tha
 processes take turns on the cores). For each N it first checks that both schemes give the plain mean of
 the processes' gradients, then times --repeats rounds after --warmup rounds, the schemes interleaved so
 that a change of load hits both alike. A round's time is the slowest process's (from a barrier to the
-end of its own call); the table gives the median over the rounds. Under torchrun (RANK, WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT set) `--worker` runs as one of torchrun's processes, e.g. over real machines.
+end of its own call); the table gives the median over the rounds, the JSON each round's too (rounds_ms).
+Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) `--worker` runs as one of torchrun's
+processes, e.g. over real machines.
 
 Bad input is one line `error: ...` and a non-zero exit. Docs: docs/distributed.md#ring-against-central-averaging
 """
@@ -193,6 +194,7 @@ def worker(cli):
                 "median_ms": statistics.median(times[s].tolist()) * 1e3,
                 "min_ms": times[s].min().item() * 1e3,
                 "max_ms": times[s].max().item() * 1e3,
+                "rounds_ms": [seconds * 1e3 for seconds in times[s].tolist()],
                 "max_abs_error": errors[scheme],
             }
             for s, scheme in enumerate(SCHEMES)

@@ -159,3 +159,33 @@ def assert_main_fails_with(main, args, *fragments: str):
     assert isinstance(message, str) and message.startswith("error:") and "\n" not in message, message
     for fragment in fragments:
         assert fragment in message, message
+
+
+def copy_of_tool(folder, tool: str, scripts: dict[str, dict]) -> str:
+    """A copy of the repository's `benchmark/{tool}` (with the tools it imports) in `folder`/repo, whose
+    cleanrl/ holds tests/fake_sps.py under each name of `scripts`, with its settings (see fake_sps.py). The
+    tool finds its scripts next to itself, so it runs the stand-ins unchanged. Returns the copy's path."""
+    import shutil
+
+    repo = os.path.join(folder, "repo")
+    os.makedirs(os.path.join(repo, "benchmark"))
+    for name in (tool, "events.py", "run.py", "ppo_update.py"):
+        shutil.copy(os.path.join(REPO_ROOT, "benchmark", name), os.path.join(repo, "benchmark", name))
+    fake_sps_scripts(repo, scripts)
+    return os.path.join(repo, "benchmark", tool)
+
+
+def fake_sps_scripts(root, scripts: dict[str, dict]):
+    """tests/fake_sps.py as root/cleanrl/{name}.py for each name of `scripts`, each in a folder of its own
+    (root/cleanrl/{name}.py is a link to it) so that each keeps its own settings and calls."""
+    import json
+    import shutil
+
+    os.makedirs(os.path.join(root, "cleanrl"), exist_ok=True)
+    for name, settings in scripts.items():
+        own = os.path.join(root, "fakes", name)
+        os.makedirs(own)
+        shutil.copy(os.path.join(REPO_ROOT, "tests", "fake_sps.py"), os.path.join(own, "fake_sps.py"))
+        with open(os.path.join(own, "sps.json"), "w") as f:
+            json.dump(settings, f)
+        os.symlink(os.path.join(own, "fake_sps.py"), os.path.join(root, "cleanrl", f"{name}.py"))

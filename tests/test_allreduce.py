@@ -6,6 +6,7 @@ algorithms; the figure is written; bad input is a one-line error."""
 import json
 import math
 import os
+import statistics
 
 import matplotlib.image
 import pytest
@@ -14,6 +15,7 @@ from running import assert_user_error, run_tool
 
 import benchmark.allreduce as allreduce
 import cleanrl.ppo_atari_multigpu as multigpu
+from benchmark.run import cpu_model
 
 NUMEL = 1003  # not a multiple of 2 or 3: the ring's chunks are uneven
 
@@ -69,6 +71,36 @@ def test_the_table_and_the_json_give_each_count_and_scheme_with_the_computed_byt
     assert "| 3 | central |" in stdout and "the traffic pattern of a cluster, not a cluster" in stdout
 
 
+def test_the_figures_are_medians_of_the_timed_rounds_after_the_warm_up_and_central_over_ring(tmp_path):
+    """Three timed rounds after two untimed ones, 2 and 4 processes: each row's median, minimum and maximum
+    are of its three timed rounds; the time ratio is central over ring, and the claim point is found in the
+    time ratios (the bytes ratio reaches 1.6 between 2 and 4 processes, the times of a tiny tensor not there)."""
+    result = run_tool(
+        "allreduce.py",
+        *("--processes", "2", "4", "--numel", str(NUMEL), "--repeats", "3", "--warmup", "2"),
+        *("--json", str(tmp_path / "allreduce.json")),
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    results = json.loads((tmp_path / "allreduce.json").read_text())
+    rows = {(row["processes"], row["scheme"]): row for row in results["rows"]}
+    for row in rows.values():
+        assert len(row["rounds_ms"]) == 3, "the timed rounds only, not the warm-up's"
+        assert row["median_ms"] == statistics.median(row["rounds_ms"])
+        assert (row["min_ms"], row["max_ms"]) == (min(row["rounds_ms"]), max(row["rounds_ms"]))
+    points = results["central_over_ring"]
+    for point in points:
+        n = point["processes"]
+        assert point["time_ratio"] == rows[n, "central"]["median_ms"] / rows[n, "ring"]["median_ms"]
+    assert [p["bytes_ratio"] for p in points] == [1.0, 2.0]
+    time_points = [(point["processes"], point["time_ratio"]) for point in points]
+    assert results["central_60_percent_more_at"] == allreduce.crossing(time_points)
+    assert results["setup"]["repeats"] == 3 and results["setup"]["warmup"] == 2
+    assert results["setup"]["cpu"] == cpu_model() and results["setup"]["cpus"] == os.cpu_count()
+    assert "median of 3 rounds after 2;" in result.stdout
+
+
 def test_the_busiest_process_traffic_follows_the_algorithms():
     size = 1000
     for n in (2, 4, 8, 16):
@@ -88,6 +120,11 @@ def test_the_claim_point_is_interpolated_in_log2_of_the_count():
     assert allreduce.crossing([(4, 2.0), (2, 1.7)]) == 2.0  # already there at the smallest count
     assert allreduce.crossing([(2, 1.1), (4, 1.5), (8, 1.2)]) is None
     assert math.isclose(allreduce.crossing([(2, 1.0), (4, 1.2), (8, 2.0)]), 2 ** (2 + 0.5))
+
+
+def test_a_ratio_exactly_at_the_claim_at_the_smallest_count_is_the_claim_point():
+    assert allreduce.crossing([(2, allreduce.CLAIM_RATIO), (4, 2.0)]) == 2.0
+    assert allreduce.crossing([(2, 1.0), (4, allreduce.CLAIM_RATIO)]) == 4.0
 
 
 def test_the_figure_is_written(measured, tmp_path):

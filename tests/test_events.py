@@ -29,3 +29,11 @@ def test_fewer_than_two_events_is_no_measurement_and_a_missing_tag_no_events(tmp
     with pytest.raises(ValueError, match="1 SPS events at or past step 50"):
         steady_sps(events, from_step=50)
     assert scalars(str(tmp_path), "charts/episodic_return") == []
+
+
+def test_the_steady_rate_starts_at_the_event_at_from_step_not_the_one_after_it(tmp_path):
+    # 50 steps/s from step 1,000 to 1,500, then 25 steps/s: from the event at step 1,000 on, 1,000 steps in 30 s
+    write_sps_events(str(tmp_path), [(0, 0.0), (1000, 10.0), (1500, 20.0), (2000, 40.0)])
+    events = scalars(str(tmp_path), "charts/SPS")
+    assert steady_sps(events, from_step=1000) == 1000 / 30
+    assert steady_sps(events, from_step=1001) == 500 / 20

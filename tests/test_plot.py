@@ -12,10 +12,11 @@ import matplotlib.image
 import numpy as np
 import pytest
 import scipy.stats
-from running import assert_user_error, run_tool
+from running import assert_user_error, copy_of_tool, run_tool
 from torch.utils.tensorboard import SummaryWriter
 
 import benchmark.plot as plot
+from benchmark.run import cpu_model
 
 SCRIPTS = ["alpha", "beta"]
 ENV_IDS = ["ALE/Qbert-v5", "BreakoutNoFrameskip-v4", "PongNoFrameskip-v4"]  # sorted, as the panels are
@@ -469,6 +470,30 @@ def test_throughput_rows_hold_the_medians_of_the_rounds_and_the_serial_bound():
     assert rows[MULTIGPU, 2, "even", None, "bf16"]["env_only_sps"] is None, "not measured for the torchrun script"
 
 
+def test_throughput_rows_take_the_median_of_odd_rounds_each_precisions_network_time_and_steady_over_bound():
+    import benchmark.throughput as throughput
+
+    one = throughput.Configuration("ppo_atari")
+    samples = {
+        ("ppo_atari", None, "env"): [0.002, 0.010, 0.003],  # median 3 ms, mean 5 ms
+        ("ppo_atari", "none", "nn"): [1.0, 1.2, 4.0],  # median 1.2 s
+        ("ppo_atari", "bf16", "nn"): [0.5, 0.5, 0.5],
+        (one, "none", "steady"): [400.0, 100.0, 430.0],  # median 400, mean 310
+        (one, "bf16", "steady"): [600.0, 600.0, 600.0],
+        (one, "none", "reported"): [390.0, 90.0, 420.0],
+        (one, "bf16", "reported"): [590.0, 590.0, 590.0],
+    }
+    fp32, bf16 = throughput.summarize(samples, ["ppo_atari"], ["none", "bf16"], 1024, 128, 8)
+    assert fp32["steady_sps"] == 400.0 and fp32["logged_sps"] == 390.0 and fp32["env_ms_per_step"] == 3.0
+    assert fp32["steady_sps_per_round"] == [400.0, 100.0, 430.0]
+    assert fp32["bound_sps"] == pytest.approx(1024 / (128 * 0.003 + 1.2))
+    assert bf16["bound_sps"] == pytest.approx(1024 / (128 * 0.003 + 0.5)), "with bf16's own network time"
+    assert bf16["nn_s_per_iteration"] == 0.5
+    for row in (fp32, bf16):
+        assert row["fraction_of_bound"] == pytest.approx(row["steady_sps"] / row["bound_sps"])
+    assert fp32["fraction_of_bound"] == pytest.approx(400 / 646.46, rel=1e-4)
+
+
 def test_a_jax_run_on_two_devices_has_the_scripts_env_limit_but_no_serial_bound():
     rows = {row_key(row): row for row in throughput_results()["rows"]}
     one, two = rows[JAX_SCAN, 1, None, 1, "fp32"], rows[JAX_SCAN, 1, None, 2, "fp32"]
@@ -496,6 +521,15 @@ def test_throughput_figure_has_a_bar_per_configuration_and_precision_and_the_env
     starts = [segment[0] for line in ax.collections for segment in line.get_segments()]  # (x, y) of each line
     assert np.ravel(starts) == pytest.approx([-0.45, 8 / 0.003, 0.55, 8 / 0.004, 1.55, 8 / 0.004]), (
         "over ppo_atari and both JAX configurations; none over the torchrun script's"
+    )
+
+
+def test_throughput_figure_names_the_cpu_its_bars_were_measured_on():
+    results = throughput_results()
+    results["setup"].update(cpu="AMD EPYC 9R14 (AVX-512 BF16)", date="2026-12-06 18:30")
+    (ax,) = plot.plot_throughput(results).axes
+    assert ax.get_title() == (
+        "BreakoutNoFrameskip-v4, 8 envs x 128 steps per process, 2 CPUs: AMD EPYC 9R14 (AVX-512 BF16), 2026-12-06 18:30"
     )
 
 
@@ -564,6 +598,23 @@ def test_a_jax_run_on_forced_xla_devices_is_measured_and_one_that_did_not_get_th
     monkeypatch.setenv("FAKE_GPUS", "1")  # a GPU machine: the forced count makes CPU devices only
     assert all(math.isnan(sps) for sps in throughput.measure_real(two_devices, "Pong", 8, 16, 3, "none"))
     assert "2 XLA devices none: left out, the run had 1 gpu device(s)" in capsys.readouterr().out
+
+
+def test_throughput_real_runs_give_the_medians_of_the_rounds_of_the_last_logged_and_the_steady_sps(tmp_path):
+    """A stand-in ppo_atari.py (tests/fake_sps.py) with a steady rate per round, logging 0.9 of it last."""
+    settings = {"rates": [400, 100, 430], "first": 1024, "start": 1024, "end": 4096}
+    tool = copy_of_tool(tmp_path, "throughput.py", {"ppo_atari": settings})
+    args = ("--real-only", "--scripts", "ppo_atari", "--precisions", "none", "--rounds", "3", "--iterations", "3")
+    result = run_tool(tool, *args, "--json", "out.json", cwd=tmp_path)  # an absolute path: the copy
+    assert result.returncode == 0, result.stdout + result.stderr
+    results = json.loads((tmp_path / "out.json").read_text())
+    (row,) = results["rows"]
+    assert row["steady_sps_per_round"] == pytest.approx([400, 100, 430])
+    assert row["steady_sps"] == pytest.approx(400) and row["logged_sps"] == pytest.approx(0.9 * 400)
+    assert row["env_only_sps"] is None and row["bound_sps"] is None, "--real-only"
+    setup = results["setup"]
+    assert (setup["rounds"], setup["iterations"], setup["real_only"]) == (3, 3, True)
+    assert (setup["cpu"], setup["cpus"]) == (cpu_model(), os.cpu_count())
 
 
 def test_xla_devices_that_do_not_divide_the_envs_are_a_one_line_error(tmp_path):

@@ -3,10 +3,14 @@ gymnasium 0.29's vector-env layout and wrapper names (what CleanRL's scripts use
 already ported to 1.x, and its bad input.
 The timings themselves are a benchmark (docs/benchmarks.md), not a test."""
 
+import json
 import os
 import textwrap
 
-from running import assert_user_error, run_tool
+import pytest
+from running import assert_user_error, copy_of_tool, fake_sps_scripts, run_tool
+
+from benchmark.run import cpu_model
 
 # A script in CleanRL's manner: a SyncVectorEnv, episodes logged from infos["final_info"], the real last
 # observation from infos["final_observation"]. CartPole with action 1 only falls within a few steps
@@ -140,3 +144,41 @@ def test_bad_input_is_a_one_line_error(tmp_path):
     # a --json that cannot be written is found before the half hour of runs, not after it
     result = run_tool("vs_cleanrl.py", "--cleanrl-dir", str(tmp_path), "--json", "no/such/folder/x.json", cwd=tmp_path)
     assert_user_error(result, "--json no/such/folder/x.json: its folder does not exist")
+
+
+# dqn's pair measures from step 25,000 of 60,000: the stand-ins start at a tenth of their steady rate until then
+DQN_WINDOW = {"first": 1000, "start": 25_000, "end": 60_000}
+
+
+def test_the_speed_up_is_ours_over_cleanrls_median_steady_sps_of_the_interleaved_rounds(tmp_path):
+    """Stand-ins for both sides' dqn.py (tests/fake_sps.py), with a steady rate per round (per call) each."""
+    tool = copy_of_tool(tmp_path, "vs_cleanrl.py", {"dqn": {"rates": [100, 300, 110], **DQN_WINDOW}})
+    fake_sps_scripts(tmp_path / "checkout", {"dqn": {"rates": [50, 40, 200], **DQN_WINDOW}})
+    # run_tool joins benchmark/ and the tool's name: an absolute path runs the copy
+    args = ("--cleanrl-dir", str(tmp_path / "checkout"), "--pairs", "dqn", "--rounds", "3", "--json", "out.json")
+    result = run_tool(tool, *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    results = json.loads((tmp_path / "out.json").read_text())
+    (row,) = results["rows"]
+    assert row["rounds"]["cleanrl"] == pytest.approx([50, 40, 200]) and row["rounds"]["ours"] == pytest.approx(
+        [100, 300, 110]
+    ), "each round's steady SPS from step 25,000 on"
+    assert (row["cleanrl_sps"], row["ours_sps"]) == pytest.approx((50, 110)), "medians, not means (96.7, 170)"
+    assert row["speedup"] == pytest.approx(2.2) and row["processes"] == 1
+    assert (results["cpu"], results["cpus"], results["rounds"]) == (cpu_model(), os.cpu_count(), 3)
+    assert "| 1 | 50 | 110 | 2.20x |" in result.stdout, result.stdout
+
+
+def test_two_runs_at_once_are_the_sum_of_their_steady_sps_ours_with_one_thread_each(tmp_path):
+    tool = copy_of_tool(tmp_path, "vs_cleanrl.py", {"dqn": {"rates": [100], **DQN_WINDOW}})
+    fake_sps_scripts(tmp_path / "checkout", {"dqn": {"rates": [50], **DQN_WINDOW}})  # each rate x --seed
+    args = ("--cleanrl-dir", str(tmp_path / "checkout"), "--pairs", "dqn", "--rounds", "1", "--parallel")
+    result = run_tool(tool, *args, "--json", "out.json", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {row["processes"]: row for row in json.loads((tmp_path / "out.json").read_text())["rows"]}
+    assert (rows[1]["cleanrl_sps"], rows[1]["ours_sps"]) == pytest.approx((50, 100))
+    assert (rows[2]["cleanrl_sps"], rows[2]["ours_sps"]) == pytest.approx((50 + 100, 100 + 200)), "seeds 1 and 2"
+    for side, two_at_once in (("repo", "1"), ("checkout", "unset")):  # CleanRL's runs as a user starts them
+        calls = [json.loads(path.read_text()) for path in (tmp_path / side / "fakes" / "dqn" / "calls").iterdir()]
+        seeds_and_threads = sorted((call["argv"][-1], call["omp"] or "unset") for call in calls)
+        assert seeds_and_threads == sorted([("1", "unset"), ("1", two_at_once), ("2", two_at_once)])
