@@ -2,8 +2,10 @@
 TensorBoard scalars, and the one-line user errors."""
 
 import glob
+import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -165,8 +167,6 @@ def copy_of_tool(folder, tool: str, scripts: dict[str, dict]) -> str:
     """A copy of the repository's `benchmark/{tool}` (with the tools it imports) in `folder`/repo, whose
     cleanrl/ holds tests/fake_sps.py under each name of `scripts`, with its settings (see fake_sps.py). The
     tool finds its scripts next to itself, so it runs the stand-ins unchanged. Returns the copy's path."""
-    import shutil
-
     repo = os.path.join(folder, "repo")
     os.makedirs(os.path.join(repo, "benchmark"))
     for name in (tool, "events.py", "run.py", "ppo_update.py"):
@@ -178,9 +178,6 @@ def copy_of_tool(folder, tool: str, scripts: dict[str, dict]) -> str:
 def fake_sps_scripts(root, scripts: dict[str, dict]):
     """tests/fake_sps.py as root/cleanrl/{name}.py for each name of `scripts`, each in a folder of its own
     (root/cleanrl/{name}.py is a link to it) so that each keeps its own settings and calls."""
-    import json
-    import shutil
-
     os.makedirs(os.path.join(root, "cleanrl"), exist_ok=True)
     for name, settings in scripts.items():
         own = os.path.join(root, "fakes", name)
