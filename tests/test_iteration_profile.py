@@ -38,7 +38,8 @@ def test_every_phase_of_an_iteration_is_measured_and_fits_in_its_wall_time(scrip
     for phase in ("env step", "rollout forwards", "GAE", "update forwards", "loss", "backward", "optimizer"):
         assert phases[phase] > 0, (phase, result.stdout)
     assert phases["other"] >= 0, result.stdout  # the phases fit in the wall time ...
-    assert sum(phases.values()) == pytest.approx(wall, abs=0.6)  # ... and "other" is the rest of it
+    # ... and "other" is the rest of it, to the table's rounding: the wall to 1 ms, each phase to 0.1 ms
+    assert sum(phases.values()) == pytest.approx(wall, abs=0.5 + 0.05 * len(phases) + 1e-9)
     assert re.search(r"\| steps per second \| \d+ SPS", result.stdout), result.stdout
 
 
