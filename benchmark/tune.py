@@ -446,7 +446,7 @@ class TrialRuns:
     returns: list[Returns]
     total_steps: int | None  # the steps each run trains, where known: a report there is not for the pruner
     reported_step: int = 0
-    last_read: float = 0.0
+    last_read: float = field(default_factory=time.time)  # the first read --read-interval after the start
 
 
 def objective_part(setup: Setup, env_id: str, value: float) -> float:

@@ -482,7 +482,7 @@ def test_a_tuner_killed_mid_trial_has_its_trial_failed_and_retried_by_the_others
     retries = [
         trial for trial in trials if RetryHeartbeatStaleTrialCallback.retried_trial_number(trial) == killed_trial
     ]
-    assert len(retries) == 1 and retries[0].state == TrialState.COMPLETE
+    assert len(retries) == 1 and retries[0].state == TrialState.COMPLETE, (killed_output, *outputs)
     assert retries[0].params == trials[killed_trial].params
     assert sum(trial.state == TrialState.COMPLETE for trial in trials) >= 2
     # every trial ran in one tuner, once
