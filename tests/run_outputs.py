@@ -71,6 +71,15 @@ def assert_bf16_run_gives_finite_losses(script: str, *args: str, cwd):
     return result
 
 
+def assert_rollout_acts_with_the_updated_weights(run_dir: str):
+    """A bf16 run of one epoch of one minibatch an iteration: the update's forward (autocast on the fp32
+    weights) gives back the log-probabilities the rollout stored (a bf16 copy of those weights), so
+    approx-KL is nil at every iteration. A copy not refreshed after each update acts with the weights
+    of an update before: approx-KL of 1e-4 and more from the second iteration."""
+    kls = [value for _, value in read_scalars(run_dir)["losses/approx_kl"]]
+    assert len(kls) >= 3 and all(kl < 1e-6 for kl in kls), kls
+
+
 def assert_freed_memory_is_kept(module):
     """After the script's keep_freed_memory(), a large block freed and allocated again reuses its pages:
     no page faults, where glibc's default maps a fresh block, or trims a freed one off the heap's top, and

@@ -30,6 +30,7 @@ BLOCKS = {
     "check_env_exists": ["dqn.py", "ppo_continuous_action.py", "sac_continuous_action.py"],
     "warn_if_bf16_is_slow": ATARI_PPO,
     "keep_freed_memory": ATARI_PPO,
+    "acting_copy": ATARI_PPO,
     "capped_cubic": ATARI,
     "VideoRecorder": ATARI_TORCH,
     "save_model": [*ATARI, "dqn.py"],

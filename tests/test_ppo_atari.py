@@ -26,6 +26,7 @@ from run_outputs import (
     assert_game_0_video_logged_as_wandb_media,
     assert_progress_follows_the_convention,
     assert_progress_line_per_iteration,
+    assert_rollout_acts_with_the_updated_weights,
     assert_short_atari_run_logged,
     assert_videos_show_whole_games_of_env_0,
     assert_warns_when_bf16_is_slow,
@@ -159,6 +160,13 @@ def test_short_training_run_logs_every_tag_for_every_iteration(short_run):
 
 def test_bf16_training_run_gives_finite_losses(tmp_path):
     assert_bf16_run_gives_finite_losses("ppo_atari.py", *SHORT_RUN[:-1], "512", cwd=tmp_path)
+
+
+def test_bf16_rollout_acts_with_the_weights_of_the_last_update(tmp_path):
+    one_minibatch = ["--num-minibatches", "1", "--update-epochs", "1", "--mixed-precision", "bf16"]
+    result = run_script("ppo_atari.py", *SHORT_RUN, *one_minibatch, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert_rollout_acts_with_the_updated_weights(run_dirs(tmp_path)[0])
 
 
 def test_bf16_on_a_cpu_without_bf16_kernels_warns(monkeypatch, capsys):

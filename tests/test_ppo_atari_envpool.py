@@ -18,6 +18,7 @@ from run_outputs import (
     assert_freed_memory_is_kept,
     assert_progress_follows_the_convention,
     assert_progress_line_per_iteration,
+    assert_rollout_acts_with_the_updated_weights,
     assert_short_atari_run_logged,
     assert_videos_show_whole_games_of_env_0,
     assert_warns_when_bf16_is_slow,
@@ -285,6 +286,13 @@ def test_time_limit_truncates_training_games(tmp_path):
 
 def test_bf16_training_run_gives_finite_losses(tmp_path):
     assert_bf16_run_gives_finite_losses(SCRIPT, *SHORT_RUN[:-1], "512", cwd=tmp_path)
+
+
+def test_bf16_rollout_acts_with_the_weights_of_the_last_update(tmp_path):
+    one_minibatch = ["--num-minibatches", "1", "--update-epochs", "1", "--mixed-precision", "bf16"]
+    result = run_script(SCRIPT, *SHORT_RUN, *one_minibatch, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert_rollout_acts_with_the_updated_weights(run_dirs(tmp_path)[0])
 
 
 def test_bf16_on_a_cpu_without_bf16_kernels_warns(monkeypatch, capsys):

@@ -26,6 +26,7 @@ from run_outputs import (
     PPO_TAGS,
     assert_freed_memory_is_kept,
     assert_losses_are_finite,
+    assert_rollout_acts_with_the_updated_weights,
     assert_warns_when_bf16_is_slow,
     capped_cubic_games,
     mp4_frames,
@@ -848,6 +849,12 @@ def test_values_out_of_range_are_one_line_errors_naming_the_flag():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_nccl_without_gpu_is_a_one_line_error(tmp_path):
     assert_user_error(run_script(SCRIPT, "--backend", "nccl", cwd=tmp_path, timeout=120), "needs a GPU")
+
+
+def test_bf16_rollout_acts_with_the_weights_of_the_last_update(one_process):
+    sizes = dict(num_envs=1, num_steps=32, num_minibatches=1, update_epochs=1, total_timesteps=4 * 32)
+    one_process.main(multigpu.Args(**sizes, mixed_precision="bf16"))
+    assert_rollout_acts_with_the_updated_weights(run_dirs(os.getcwd())[0])
 
 
 def test_bf16_on_a_cpu_without_bf16_kernels_warns(monkeypatch, capsys):
