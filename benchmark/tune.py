@@ -34,8 +34,11 @@ them with Optuna's figures to OUT_DIR/{study}/. Docs: docs/tuning.md
 """
 
 import argparse
+import contextlib
 import datetime
+import fcntl
 import glob
+import hashlib
 import math
 import os
 import re
@@ -53,9 +56,10 @@ import optuna
 import run as runner  # benchmark/run.py: runs, logs, threads, clean stop, the Slurm template
 from optuna.storages import JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.storages._heartbeat import BaseHeartbeat  # the interface fail_stale_trials() checks for
-from optuna.storages.journal import JournalFileBackend
+from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 from optuna.trial import TrialState
 from plot import REFERENCE_SCORES, game_of  # benchmark/plot.py: the Atari random and human scores
+from sqlalchemy import text as sql
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 BENCHMARK_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -371,6 +375,55 @@ def open_storage(url: str, heartbeat_interval: int):
         fail(f"cannot reach the storage {shown(url)}: {type(error).__name__}: {message}")
 
 
+def tuners_lock(url: str, storage, study_name: str):
+    """The lock that the tuners of a study hold in turn while they count its trials and start one, and while they
+    fail a trial and queue its retry (see work()): a function that returns it as a context manager. It is let go
+    when its tuner dies while holding it: a PostgreSQL or MySQL advisory lock (the server's, for tuners on many
+    machines), a flock beside an SQLite file (one machine), or a lock file beside a journal file, of the kind the
+    journal's own writes take (a shared filesystem; one left by a dead tuner is broken after 30 s)."""
+    if is_journal(url):
+        return lambda: journal_file_lock(JournalFileSymlinkLock(f"{journal_path(url)}.tuners"))
+    engine, name = storage.engine, f"benchmark/tune.py {hashlib.sha1(study_name.encode()).hexdigest()}"
+    if engine.dialect.name == "postgresql":  # a transaction's lock: it goes when the connection does
+        return lambda: database_lock(engine, "SELECT pg_advisory_xact_lock(hashtext(:name))", None, name)
+    if engine.dialect.name == "mysql":
+        return lambda: database_lock(engine, "SELECT GET_LOCK(:name, -1)", "SELECT RELEASE_LOCK(:name)", name)
+    if engine.dialect.name == "sqlite":
+        database = engine.url.database
+        if not database or database == ":memory:":  # a study in this process alone
+            return contextlib.nullcontext
+        return lambda: file_lock(f"{os.path.abspath(database)}.tuners.lock")
+    fail(f"--storage {shown(url)}: tuners share a study through PostgreSQL, MySQL, SQLite or a journal file")
+
+
+@contextlib.contextmanager
+def database_lock(engine, acquire: str, release: str | None, name: str):
+    with engine.connect() as connection:  # its own, for the lock alone
+        connection.execute(sql(acquire), {"name": name})
+        try:
+            yield
+        finally:
+            if release:
+                connection.execute(sql(release), {"name": name})
+    # the connection's transaction ends as it goes back to the pool, and a PostgreSQL transaction lock with it
+
+
+@contextlib.contextmanager
+def file_lock(path: str):
+    with open(path, "a") as file:
+        fcntl.flock(file, fcntl.LOCK_EX)
+        yield  # closing the file lets the lock go, as the process's death does
+
+
+@contextlib.contextmanager
+def journal_file_lock(lock: JournalFileSymlinkLock):
+    lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 # ---------------------------------------------------------------------------------------------
 # Reading a run's returns while it runs
 # ---------------------------------------------------------------------------------------------
@@ -478,10 +531,16 @@ def trial_command(setup: Setup, trial: optuna.Trial) -> str:
     return f"{setup.command} {shlex.join(arguments)}".strip()
 
 
-def start_trial(study: optuna.Study, storage, setup: Setup, workers: int, display) -> TrialRuns:
+def ask(study: optuna.Study, storage) -> optuna.Trial:
+    """A waiting trial (a retry, an --enqueue), else a new one, with its first heartbeat: a retry has its failed
+    trial's attributes, in a journal its last heartbeat too, and would look dead to a tuner that looked in between."""
     trial = study.ask()
     if isinstance(storage, BaseHeartbeat):
         storage.record_heartbeat(trial._trial_id)  # Optuna keeps no public id; its own optimize() does the same
+    return trial
+
+
+def start_trial(study: optuna.Study, trial: optuna.Trial, setup: Setup, workers: int, display) -> TrialRuns:
     command = trial_command(setup, trial)
     exp_name = f"{study.study_name}-trial{trial.number}"
     runs = runner.make_runs([f"{command} --exp-name {exp_name}"], setup.env_ids, setup.seeds)
@@ -601,7 +660,7 @@ def complete_trial(study: optuna.Study, setup: Setup, trial_runs: TrialRuns, dis
     display.message(f"trial {trial.number} complete: {np.mean(values):.4g} ± {np.std(values):.2g} over seeds")
 
 
-def interrupt_trials(study: optuna.Study, active: list[TrialRuns], stop_timeout: float, display) -> list[str]:
+def interrupt_trials(study: optuna.Study, lock, active: list[TrialRuns], stop_timeout: float, display) -> list[str]:
     """Ctrl-C, SIGTERM: the runs stopped, each trial failed and queued again once, as for a dead tuner (a
     trial that is itself a retry is not queued again). Returns what became of each trial, for the message."""
     running = [run for trial_runs in active for run in trial_runs.runs if run.state == "running"]
@@ -614,13 +673,14 @@ def interrupt_trials(study: optuna.Study, active: list[TrialRuns], stop_timeout:
         number = trial_runs.trial.number
         for run in trial_runs.runs:
             run.lock.close()
-        if finished_elsewhere(study, trial_runs):
-            outcomes.append(f"{number} (failed before by another tuner)")
-            continue
-        # no "error" attribute: the retry gets a copy of the trial's attributes, and neither counts as a failure
-        failed = study.tell(trial_runs.trial, state=TrialState.FAIL)
-        history = RetryHeartbeatStaleTrialCallback.retry_history(failed)
-        retry(study, failed)  # queues it unless it was retried MAX_RETRY times already
+        with lock():  # the failure and the retry, written before another tuner counts (see work())
+            if finished_elsewhere(study, trial_runs):
+                outcomes.append(f"{number} (failed before by another tuner)")
+                continue
+            # no "error" attribute: the retry gets a copy of the trial's attributes, and neither counts as a failure
+            failed = study.tell(trial_runs.trial, state=TrialState.FAIL)
+            history = RetryHeartbeatStaleTrialCallback.retry_history(failed)
+            retry(study, failed)  # queues it unless it was retried MAX_RETRY times already
         if len(history) < MAX_RETRY:
             outcomes.append(f"{number} (failed, and queued to run again)")
         else:
@@ -647,26 +707,32 @@ def drop_trial(trial_runs: TrialRuns, stop_timeout: float, display):
         run.lock.close()
 
 
-def counts(study: optuna.Study) -> dict[TrialState, int]:
-    trials = study.get_trials(deepcopy=False)
+def counts(trials: list[optuna.trial.FrozenTrial]) -> dict[TrialState, int]:
     return {state: sum(trial.state == state for trial in trials) for state in TrialState}
 
 
-def failures(study: optuna.Study) -> int:
+def failures(trials: list[optuna.trial.FrozenTrial]) -> int:
     """The trials that failed of themselves: a run exited non-zero or finished no game (their "error"
     attribute). Not those failed by an interrupt or a lost heartbeat: they say nothing of the command,
     and their retries are queued."""
-    trials = study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-    return sum("error" in trial.user_attrs for trial in trials)
+    return sum(trial.state == TrialState.FAIL and "error" in trial.user_attrs for trial in trials)
 
 
-def retries_being_queued(study: optuna.Study) -> int:
-    """The trials just failed by an interrupt or a lost heartbeat whose retry is not in the study yet. The tuner that
-    fails one writes the failure, then the retry: in between, another tuner sees neither the trial running nor its
-    retry waiting, and would start a new trial in the retry's place (the study then reaches --n-trials with the
-    retry left waiting). Each counts as running until its retry is there, or for RETRY_QUEUEING_S at most (the
-    tuner that failed it may have died in between)."""
-    trials = study.get_trials(deepcopy=False)
+def retries_waiting(trials: list[optuna.trial.FrozenTrial]) -> int:
+    """The retries queued and not started yet: each stands for a trial that was counted when it started, so a tuner
+    with a free worker runs it, whatever the count of finished trials (study.ask() takes a waiting trial first)."""
+    return sum(
+        trial.state == TrialState.WAITING and RetryHeartbeatStaleTrialCallback.retried_trial_number(trial) is not None
+        for trial in trials
+    )
+
+
+def retries_being_queued(trials: list[optuna.trial.FrozenTrial]) -> int:
+    """The trials failed by an interrupt or a lost heartbeat whose retry is not in the study yet. The tuners write a
+    failure and its retry under the tuners' lock, so a tuner that counts under it sees this only if the tuner that
+    failed the trial died in between, or if a process other than a tuner failed it (it may be queueing the retry
+    now). Each counts as running until its retry is there, or for RETRY_QUEUEING_S at most, so that no tuner starts
+    a new trial in the retry's place (the study would reach --n-trials with the retry left waiting)."""
     retried = {number for trial in trials for number in RetryHeartbeatStaleTrialCallback.retry_history(trial)}
     now = datetime.datetime.now()
     return sum(
@@ -680,8 +746,9 @@ def retries_being_queued(study: optuna.Study) -> int:
     )
 
 
-def work(study: optuna.Study, storage, setup: Setup, cli) -> int:
-    """Runs trials, --workers at a time, until the study has --n-trials finished ones."""
+def work(study: optuna.Study, storage, lock, setup: Setup, cli) -> int:
+    """Runs trials, --workers at a time, until the study has --n-trials finished ones and no retry waiting. lock:
+    the tuners' lock on the study (tuners_lock())."""
     live_runs: list[runner.Run] = []
     display = runner.PlainDisplay(live_runs, cli.status_interval)
     active: list[TrialRuns] = []
@@ -723,27 +790,37 @@ def work(study: optuna.Study, storage, setup: Setup, cli) -> int:
                             raise
                         drop_trial(trial_runs, cli.stop_timeout, display)
                         let_go(trial_runs)
-                optuna.storages.fail_stale_trials(study)
+                with lock():  # a dead tuner's trial is failed and its retry queued before another tuner counts
+                    optuna.storages.fail_stale_trials(study)
                 last_beat = now
             if len(active) < cli.workers and now - last_count >= 1.0:
                 last_count = now
-                number, failed = counts(study), failures(study)
-                finished = sum(number[state] for state in FINISHED)
-                failing = failed >= max(cli.n_trials, 3)  # a broken command: stop sampling
-                if finished >= cli.n_trials and not active:
-                    display.message(f"the study has {finished} finished trials (--n-trials {cli.n_trials})")
-                    return 0
-                if failing and not active:
-                    print(
-                        f"error: {failed} trials of study {study.study_name} failed: read the logs "
-                        "of the last ones (their error in python benchmark/tune.py --report ...)",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    return 1
-                running = number[TrialState.RUNNING] + retries_being_queued(study)
-                if not failing and finished + running < cli.n_trials:
-                    trial_runs = start_trial(study, storage, setup, cli.workers, display)
+                # From one reading of the trials to the new one's creation, under the lock: two tuners counting at
+                # once each saw the last free place and started a trial in it, and a tuner whose ask() found the
+                # retry it counted on taken by another got a new trial instead; the study then reached --n-trials
+                # with a retry left waiting.
+                with lock():
+                    trials = study.get_trials(deepcopy=False)
+                    number, failed, waiting = counts(trials), failures(trials), retries_waiting(trials)
+                    finished = sum(number[state] for state in FINISHED)
+                    failing = failed >= max(cli.n_trials, 3)  # a broken command: stop sampling
+                    if finished >= cli.n_trials and not waiting and not active:
+                        display.message(f"the study has {finished} finished trials (--n-trials {cli.n_trials})")
+                        return 0
+                    if failing and not active:
+                        print(
+                            f"error: {failed} trials of study {study.study_name} failed: read the logs "
+                            "of the last ones (their error in python benchmark/tune.py --report ...)",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        return 1
+                    running = number[TrialState.RUNNING] + retries_being_queued(trials)
+                    trial = None
+                    if not failing and (finished + running < cli.n_trials or waiting):
+                        trial = ask(study, storage)
+                if trial is not None:
+                    trial_runs = start_trial(study, trial, setup, cli.workers, display)
                     active.append(trial_runs)
                     live_runs.extend(trial_runs.runs)
                     last_count = 0.0  # another slot may be free: look again at once
@@ -778,7 +855,7 @@ def work(study: optuna.Study, storage, setup: Setup, cli) -> int:
         # default, it would kill the tuner and leave the runs running).
         for number in stop_signals:
             signal.signal(number, runner.raise_keyboard_interrupt)
-        stopped = ", ".join(interrupt_trials(study, active, cli.stop_timeout, display)) or "none"
+        stopped = ", ".join(interrupt_trials(study, lock, active, cli.stop_timeout, display)) or "none"
         print(
             f"error: interrupted: stopped trial(s) {stopped}",
             file=sys.stderr,
@@ -815,7 +892,7 @@ def results(study: optuna.Study, top: int, out_dir: str) -> str:
     """The table of the best trials and the command that reproduces the best one (markdown), and
     Optuna's figures as PNG in out_dir."""
     definition = study.user_attrs
-    number = counts(study)
+    number = counts(study.get_trials(deepcopy=False))
     lines = [
         f"# Study {study.study_name}",
         "",
@@ -1290,8 +1367,10 @@ def on_grid(value: float, low: float, step: float) -> bool:
     return abs(k - round(k)) < 1e-8
 
 
-def load_study(cli, storage, definition: dict | None):
-    """The named study: created with its definition, or continued when the definition is the same."""
+def load_study(cli, storage, definition: dict | None, lock=contextlib.nullcontext):
+    """The named study: created with its definition, or continued when the definition is the same. lock: the
+    tuners' lock on the study (tuners_lock()), under which the definition is read and written: a tuner that read
+    it while another wrote its parts one by one found one part missing, and stopped."""
     try:
         study = optuna.create_study(
             study_name=cli.study_name,
@@ -1310,11 +1389,12 @@ def load_study(cli, storage, definition: dict | None):
         fail(f"study {cli.study_name} in {shown(cli.storage)} minimizes: it is not a study of this tuner")
     if definition is None:
         return study
-    existing = {name: study.user_attrs.get(name) for name in DEFINITION}
-    if all(value is None for value in existing.values()):
-        for name, value in definition.items():
-            study.set_user_attr(name, value)
-    else:
+    with lock():
+        existing = {name: study.user_attrs.get(name) for name in DEFINITION}
+        if all(value is None for value in existing.values()):
+            for name, value in definition.items():
+                study.set_user_attr(name, value)
+    if not all(value is None for value in existing.values()):
         differ = [name for name in DEFINITION if existing[name] != definition[name]]
         if differ:
             name = differ[0]
@@ -1376,8 +1456,10 @@ def main():
         "window": cli.window,
         "score_ranges": score_ranges,
     }
-    study = load_study(cli, storage, definition)
-    enqueue(study, queued)
+    lock = tuners_lock(cli.storage, storage, cli.study_name)
+    study = load_study(cli, storage, definition, lock)
+    with lock():  # tuners started at once queue the --enqueue trials once
+        enqueue(study, queued)
     if cli.slurm:
         sys.exit(submit_slurm(cli, parser))
     if cli.aws_batch:
@@ -1391,7 +1473,7 @@ def main():
     setup = Setup(
         cli.command, cli.env_ids, cli.seeds, params, cli.window, score_ranges, cli.report_every, cli.log_dir, total
     )
-    status = work(study, storage, setup, cli)
+    status = work(study, storage, lock, setup, cli)
     if status == 0:
         report(study, cli)
     sys.exit(status)
