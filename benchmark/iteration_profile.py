@@ -122,7 +122,8 @@ def profile_run(
         @functools.wraps(method)
         def wrapper(agent, obs, *a, **kw):
             samples[f"{forward_phase()}/{method.__name__}"] += len(obs)
-            seen.update(agent=agent, obs_shape=tuple(obs.shape[1:]), obs_dtype=obs.dtype)
+            if forward_phase() == "update forwards":  # the trained agent, not the rollout's bf16 copy
+                seen.update(agent=agent, obs_shape=tuple(obs.shape[1:]), obs_dtype=obs.dtype)
             return method(agent, obs, *a, **kw)
 
         return wrapper
