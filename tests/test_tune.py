@@ -841,18 +841,18 @@ def test_no_tuner_takes_the_place_of_a_retry_that_another_one_is_queueing(tune, 
         holder.execute(sqlalchemy.text("LOCK TABLE trial_system_attributes IN EXCLUSIVE MODE"))
         time.sleep(2)  # trial 0 is stale
         tuners = [start_tuner(*arguments, cwd=tmp_path) for _ in range(2)]
-        waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-        deadline = time.time() + 60
-        while watcher.execute(sqlalchemy.text(waiting)).scalar() == 0:
-            assert time.time() < deadline, "no tuner failed trial 0"
-            watcher.rollback()  # a transaction sees one snapshot of pg_stat_activity
-            time.sleep(0.1)
+        wait_for_lock_waiters(watcher, 1, tuners, "no tuner failed trial 0")
         time.sleep(3)  # the other tuner looks at the trials every second
         holder.rollback()  # the lock goes
         outputs = [process.communicate(timeout=120)[0] for process in tuners]
     engine.dispose()
+    assert_trial_0_failed_and_its_retry_completed("queueing", postgresql, tuners, outputs)
+
+
+def assert_trial_0_failed_and_its_retry_completed(study_name: str, storage: str, tuners, outputs: list[str]):
+    """Both tuners exited 0, and the study holds trial 0, failed, and its retry, complete: no other trial."""
     assert [process.returncode for process in tuners] == [0, 0], outputs
-    trials = optuna.load_study(study_name="queueing", storage=postgresql).get_trials()
+    trials = optuna.load_study(study_name=study_name, storage=storage).get_trials()
     assert [(trial.state, RetryHeartbeatStaleTrialCallback.retried_trial_number(trial)) for trial in trials] == [
         (TrialState.FAIL, None),
         (TrialState.COMPLETE, 0),
@@ -902,12 +902,7 @@ def test_two_tuners_that_count_at_once_run_the_waiting_retry_and_no_new_trial(tu
         holder.rollback()  # the lock goes
         outputs = [process.communicate(timeout=120)[0] for process in tuners]
     engine.dispose()
-    assert [process.returncode for process in tuners] == [0, 0], outputs
-    trials = optuna.load_study(study_name="retry-at-once", storage=postgresql).get_trials()
-    assert [(trial.state, RetryHeartbeatStaleTrialCallback.retried_trial_number(trial)) for trial in trials] == [
-        (TrialState.FAIL, None),
-        (TrialState.COMPLETE, 0),
-    ], outputs
+    assert_trial_0_failed_and_its_retry_completed("retry-at-once", postgresql, tuners, outputs)
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
