@@ -831,11 +831,7 @@ def test_no_tuner_takes_the_place_of_a_retry_that_another_one_is_queueing(tune, 
     study = optuna.create_study(study_name="queueing", storage=storage, direction="maximize")
     dead = study.ask({"score": optuna.distributions.FloatDistribution(0, 100)})
     storage.record_heartbeat(dead._trial_id)
-    arguments = [
-        "--command", f"{FAKE} --total-timesteps 1000", "--env-ids", "CartPole-v1", "--param", "score=float:0:100",
-        "--storage", postgresql, "--study-name", "queueing", "--n-trials", "1", "--heartbeat-interval", "1",
-        *FAKE_QUICK,
-    ]  # fmt: skip
+    arguments = one_trial_of(postgresql, "queueing")
     engine = sqlalchemy.create_engine(postgresql)
     with engine.connect() as holder, engine.connect() as watcher:
         holder.execute(sqlalchemy.text("LOCK TABLE trial_system_attributes IN EXCLUSIVE MODE"))
@@ -857,6 +853,15 @@ def assert_trial_0_failed_and_its_retry_completed(study_name: str, storage: str,
         (TrialState.FAIL, None),
         (TrialState.COMPLETE, 0),
     ], outputs
+
+
+def one_trial_of(storage: str, study_name: str) -> list[str]:
+    """A tuner's arguments for a study of one trial of the stand-in script, with a heartbeat every second."""
+    return [
+        "--command", f"{FAKE} --total-timesteps 1000", "--env-ids", "CartPole-v1", "--param", "score=float:0:100",
+        "--storage", storage, "--study-name", study_name, "--n-trials", "1", "--heartbeat-interval", "1",
+        *FAKE_QUICK,
+    ]  # fmt: skip
 
 
 def wait_for_lock_waiters(watcher, count: int, tuners: list[subprocess.Popen], what: str):
@@ -889,11 +894,7 @@ def test_two_tuners_that_count_at_once_run_the_waiting_retry_and_no_new_trial(tu
     study = optuna.create_study(study_name="retry-at-once", storage=storage, direction="maximize")
     interrupted = study.ask({"score": optuna.distributions.FloatDistribution(0, 100)})
     RetryHeartbeatStaleTrialCallback(max_retry=1)(study, study.tell(interrupted, state=TrialState.FAIL))
-    arguments = [
-        "--command", f"{FAKE} --total-timesteps 1000", "--env-ids", "CartPole-v1", "--param", "score=float:0:100",
-        "--storage", postgresql, "--study-name", "retry-at-once", "--n-trials", "1", "--heartbeat-interval", "1",
-        *FAKE_QUICK,
-    ]  # fmt: skip
+    arguments = one_trial_of(postgresql, "retry-at-once")
     engine = sqlalchemy.create_engine(postgresql)
     with engine.connect() as holder, engine.connect() as watcher:
         holder.execute(sqlalchemy.text("LOCK TABLE trials IN EXCLUSIVE MODE"))
@@ -915,11 +916,7 @@ def test_two_tuners_that_count_at_once_start_one_trial_in_the_last_place(tune, p
     storage = tune.open_storage(postgresql, 1)
     study = optuna.create_study(study_name="place-at-once", storage=storage, direction="maximize")
     other = study.ask({"score": optuna.distributions.FloatDistribution(0, 100)})
-    arguments = [
-        "--command", f"{FAKE} --total-timesteps 1000", "--env-ids", "CartPole-v1", "--param", "score=float:0:100",
-        "--storage", postgresql, "--study-name", "place-at-once", "--n-trials", "1", "--heartbeat-interval", "1",
-        *FAKE_QUICK,
-    ]  # fmt: skip
+    arguments = one_trial_of(postgresql, "place-at-once")
     tuners = [start_tuner(*arguments, cwd=tmp_path) for _ in range(2)]
     lines = [read_to_study_line(process) for process in tuners]  # both at work: no more writes to the studies table
     engine = sqlalchemy.create_engine(postgresql)
