@@ -48,3 +48,25 @@ def restore_torch_threads():
     num_threads = torch.get_num_threads()
     yield
     torch.set_num_threads(num_threads)
+
+
+@pytest.fixture
+def make_hosts(tmp_path):
+    """make_hosts(n) -> a benchmark/hosts.py Cluster of n hosts (node1 .. nodeN, each its own address,
+    name and disk under tmp_path/hosts), removed after the test whatever its outcome. Skips where hosts
+    cannot be made (not root, no network namespaces), saying why."""
+    from benchmark.hosts import Cluster, hosts_missing
+
+    if reason := hosts_missing():
+        pytest.skip(reason)
+    made = []
+
+    def make(n: int, rate: str | None = None) -> Cluster:
+        made.append(Cluster(n, str(tmp_path / "hosts")).up())
+        if rate is not None:
+            made[-1].limit(rate)
+        return made[-1]
+
+    yield make
+    for cluster in made:
+        cluster.down()
