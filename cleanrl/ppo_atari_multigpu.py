@@ -11,6 +11,8 @@ Docs: docs/ppo_atari_multigpu.md
 
 import copy
 import ctypes
+import dataclasses
+import datetime
 import fcntl
 import functools
 import glob
@@ -20,6 +22,8 @@ import math
 import os
 import random
 import re
+import secrets
+import socket
 import sys
 import time
 from collections import deque
@@ -131,6 +135,8 @@ class Args:
     """with --env-split measured: the iterations of one speed measurement, after which the split may change"""
     split_threshold: float = 0.1
     """with --env-split measured: the split changes only if predicted to shorten an iteration by more than this share"""
+    collective_timeout: float = 120.0
+    """seconds a process waits in a collective call for a peer it cannot reach, then fails (torchrun re-forms a job)"""
 
     # Computed at run time (hidden from the command line: a value given there would be overwritten)
     world_size: tyro.conf.Suppress[int] = 0
@@ -389,10 +395,10 @@ def average_gradients(agent: nn.Module, world_size: int, weight: float):
 
 
 @collective
-def gather_to_rank_0(obj) -> list | None:
-    """Every rank's `obj`, in a list on rank 0 (None on the other ranks)."""
-    gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(obj, gathered, dst=0)
+def all_gathered(obj) -> list:
+    """Every rank's `obj`, in rank order, on every rank (each node that keeps the run logs and saves it all)."""
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
     return gathered
 
 
@@ -429,9 +435,13 @@ def main(args: Args):
         return
     backend = start_process_group(args, rank, device)
     check_same_arguments(args)
-    checkpoint, run_name, run_lock = read_checkpoint_on_rank_0(args, rank, run_name)
+    # No filesystem need be shared: one process of each node's disk keeps the whole run there (its events and
+    # checkpoints), so any node that outlives the others holds it, and a restart resumes from the newest.
+    keeps_run = keeps_the_run_on_this_disk()
+    checkpoint, run_name, run_lock = newest_checkpoint_of_the_job(args, run_name, keeps_run)
     checkpoint_folder = f"runs/{run_name}/checkpoints"
-    writer = start_logging(args, run_name, checkpoint) if rank == 0 else Silent()  # rank 0 logs the job
+    logging_args = args if rank == 0 else dataclasses.replace(args, track=False)  # one wandb run: rank 0's
+    writer = start_logging(logging_args, run_name, checkpoint) if keeps_run else Silent()
 
     split = first_split(args, checkpoint, rank)  # the number of environments of each process
     envs = make_envs(args.env_id, split[rank], args.repeat_action_probability, args.max_episode_steps)
@@ -511,9 +521,9 @@ def main(args: Args):
                     (global_step - args.num_envs + env_offset + i + 1, episodic_return, episodic_length)
                 )
 
-        # Rank 0 logs the games of the whole job: every rank's finished games are gathered to it.
+        # The games of the whole job: every rank's finished games, logged by every node that keeps the run.
         games_played += len(finished_games)
-        for game_step, episodic_return, episodic_length in sorted(sum(gather_to_rank_0(finished_games) or [], [])):
+        for game_step, episodic_return, episodic_length in sorted(sum(all_gathered(finished_games), [])):
             recent_returns.append(episodic_return)
             writer.add_scalar("charts/episodic_return", episodic_return, game_step)
             writer.add_scalar("charts/episodic_length", episodic_length, game_step)
@@ -586,8 +596,9 @@ def main(args: Args):
             writer.flush()  # everything up to this checkpoint is on disk before it counts
             state = dict(model=agent.state_dict(), optimizer=optimizer.state_dict(), iteration=iteration)
             state.update(global_step=global_step, env0_games=env0_games, recent_returns=list(recent_returns))
-            state.update(env_split=split)
-            save_checkpoint(checkpoint_folder, f"iteration-{iteration:07d}.pt", state, args, run_name)
+            state.update(env_split=split, rng_states=all_gathered(random_streams()))  # every rank's own streams
+            if keeps_run:
+                save_checkpoint(checkpoint_folder, f"iteration-{iteration:07d}.pt", state, args, run_name)
 
     if rank == 0:
         recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
@@ -637,16 +648,18 @@ def start_process_group(args: Args, rank: int, device: torch.device) -> str:
     backend = args.backend if args.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
     if backend == "nccl" and device.type != "cuda":
         fail("--backend nccl needs a GPU in every process: use --backend gloo (or auto)")
+    # gloo's default would leave the job waiting 30 minutes on a peer that is gone or cut off.
+    timeout = datetime.timedelta(seconds=args.collective_timeout)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         # torchrun's agent hosts the store and keeps it when it restarts the workers (--max-restarts):
         # each attempt gets keys of its own, or the new workers would dial the old workers' sockets.
         agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
         attempt_store = dist.PrefixStore(f"attempt-{os.environ['TORCHELASTIC_RESTART_COUNT']}", agent_store)
-        dist.init_process_group(backend, store=attempt_store, rank=rank, world_size=args.world_size)
+        dist.init_process_group(backend, store=attempt_store, rank=rank, world_size=args.world_size, timeout=timeout)
     elif "WORLD_SIZE" in os.environ:
-        dist.init_process_group(backend)  # MASTER_ADDR and MASTER_PORT: a store of this job's own
+        dist.init_process_group(backend, timeout=timeout)  # MASTER_ADDR and MASTER_PORT: a store of this job's own
     else:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     return backend
 
 
@@ -666,24 +679,72 @@ def check_same_arguments(args: Args):
                 fail(f"rank {rank} runs with {flag} {theirs.get(name)!r}, rank 0 with {value!r}: run one command")
 
 
-def read_checkpoint_on_rank_0(args: Args, rank: int, run_name: str):
-    """The checkpoint under --resume and the run's name, the same on every rank; on rank 0 the run's lock.
-    Rank 0 alone reads the files and hands them to every rank: only its node needs them, and a user error
-    it finds stops every rank."""
-    checkpoint, run_lock, error = None, None, None
-    if rank == 0:
+def keeps_the_run_on_this_disk() -> bool:
+    """Whether this process keeps the run (TensorBoard events, checkpoints) on its node's disk: rank 0, and one
+    process of each node whose disk rank 0 does not see. On a cluster whose nodes have disks of their own, every
+    node then holds the whole run; on one machine or a shared filesystem, rank 0 alone writes it. Decided by who
+    creates a marker file in runs/ first: rank 0, then the others at once (one wins per disk)."""
+    token = all_gathered(secrets.token_hex(8))[0]  # rank 0's: one marker name for the whole job
+    marker, mine, error = os.path.join("runs", f".disk-of-job-{token}"), False, None
+    for turn in ("rank 0", "the others"):
+        if (dist.get_rank() == 0) == (turn == "rank 0"):
+            try:
+                os.makedirs("runs", exist_ok=True)
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                mine = True
+            except FileExistsError:
+                pass
+            except OSError as e:  # a disk that is full, read-only, or not ours
+                error = f"{socket.gethostname()}: cannot write the run to {os.path.abspath('runs')}: {e.strerror}"
+        dist.barrier()
+    if mine:
+        os.remove(marker)
+    if errors := [e for e in all_gathered(error) if e is not None]:
+        fail(errors[0])
+    return mine
+
+
+def newest_checkpoint_of_the_job(args: Args, run_name: str, keeps_run: bool):
+    """The checkpoint the job resumes from and the run's name, the same on every rank; this disk's lock of the
+    run. --resume PATH is rank 0's file; --resume auto, the checkpoint with the most steps that any node holds:
+    each node that keeps the run looks on its own disk, and the holder of the newest sends it, with the run's
+    TensorBoard events, to the nodes that lack it, so that every node holds the whole run again. A user error
+    found on any node stops every rank."""
+    checkpoint, error = None, None
+    if keeps_run and args.resume is not None and (args.resume == "auto" or dist.get_rank() == 0):
         try:
-            checkpoint = load_checkpoint(args.resume, args) if args.resume is not None else None
-            run_name = checkpoint["run_name"] if checkpoint else run_name  # a resumed run goes on in its own folder
-            run_lock = lock_run(f"runs/{run_name}/checkpoints") if args.checkpoint_every or checkpoint else None
+            checkpoint = load_checkpoint(args.resume, args)
         except SystemExit as user_error:
-            error = user_error.code
-    shared = [(checkpoint, run_name, error)]
-    dist.broadcast_object_list(shared, src=0)
-    checkpoint, run_name, error = shared[0]
-    if error is not None:
-        sys.exit(error)
+            error = f"{socket.gethostname()}: {user_error.code}"
+    found = all_gathered((checkpoint["global_step"] if checkpoint else -1, error))
+    if errors := [e for _, e in found if e is not None]:
+        fail(errors[0])
+    steps = [global_step for global_step, _ in found]
+    holder = steps.index(max(steps))  # the lowest rank among the holders of the most steps
+    run_files = {}
+    if dist.get_rank() == holder and checkpoint is not None:
+        events = glob.glob(f"runs/{glob.escape(checkpoint['run_name'])}/*.tfevents.*")
+        run_files = {path: Path(path).read_bytes() for path in events}
+    shared = [(checkpoint, run_files, run_name)]
+    dist.broadcast_object_list(shared, src=holder)
+    checkpoint, run_files, run_name = shared[0]
+    run_name = checkpoint["run_name"] if checkpoint else run_name  # a resumed run goes on in its own folder
+    run_lock = lock_run(f"runs/{run_name}/checkpoints") if keeps_run and (args.checkpoint_every or checkpoint) else None
+    if keeps_run and checkpoint is not None and steps[dist.get_rank()] < steps[holder]:
+        for stale in glob.glob(f"runs/{glob.escape(run_name)}/*.tfevents.*"):
+            os.remove(stale)  # this node's part of the run, older than the holder's whole
+        for path, data in run_files.items():
+            Path(path).write_bytes(data)
+        name = f"iteration-{checkpoint['iteration']:07d}.pt"
+        save_checkpoint(f"runs/{run_name}/checkpoints", name, dict(checkpoint), args, run_name)
+    if checkpoint is not None and dist.get_rank() == 0:
+        print(f"the job resumes at step {checkpoint['global_step']:,}, from rank {holder}'s node: the newest")
     return checkpoint, run_name, run_lock
+
+
+def random_streams() -> dict:
+    """This process's random-number states (a checkpoint holds every rank's)."""
+    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None}
 
 
 def restore_random_streams(streams: list[dict], args: Args, iteration: int, rank: int, device: torch.device):
@@ -911,6 +972,8 @@ def check_args(args: Args):
         fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch ({args.batch_size} steps)")
     if args.checkpoint_every < 0:
         fail(f"--checkpoint-every must be 0 (never) or positive, got {args.checkpoint_every}")
+    if not args.collective_timeout > 0:
+        fail(f"--collective-timeout must be positive seconds, got {args.collective_timeout}")
 
 
 def warn_if_bf16_is_slow(mixed_precision: str, device: torch.device):
@@ -1106,7 +1169,7 @@ def lock_run(folder: str):
 RESUMABLE_CHANGES = {"track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_episodes"}
 RESUMABLE_CHANGES |= {"eval_checkpoint", "progress_interval", "checkpoint_every", "resume"}
 RESUMABLE_CHANGES |= {"cuda", "backend", "device_ids", "world_size", "local_num_envs"}  # this script: where
-RESUMABLE_CHANGES |= {"env_split", "split_every", "split_threshold"}  # this script: how the envs are split
+RESUMABLE_CHANGES |= {"env_split", "split_every", "split_threshold", "collective_timeout"}  # this script: how
 
 
 def save_checkpoint(folder: str, name: str, state: dict, args: Args, run_name: str, keep: int = 2):
@@ -1114,10 +1177,6 @@ def save_checkpoint(folder: str, name: str, state: dict, args: Args, run_name: s
     temporary file, synced and renamed, so a crash leaves the previous checkpoint or this one, never half
     a file. The newest `keep` checkpoints are kept."""
     path = os.path.join(folder, name)
-    cuda_rng = torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None  # this script
-    state = {**state, "rng_states": gather_to_rank_0({"torch": torch.get_rng_state(), "cuda": cuda_rng})}  # this script
-    if dist.get_rank() > 0:  # this script: the ranks' own random streams are gathered to rank 0, which writes
-        return  # this script
     state.update(
         args=vars(args), run_name=run_name, script_sha256=hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
     )

@@ -9,6 +9,8 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
+import time
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -186,3 +188,24 @@ def fake_sps_scripts(root, scripts: dict[str, dict]):
         with open(os.path.join(own, "sps.json"), "w") as f:
             json.dump(settings, f)
         os.symlink(os.path.join(own, "fake_sps.py"), os.path.join(root, "cleanrl", f"{name}.py"))
+
+
+class Output:
+    """The merged stdout and stderr of a process, read by a thread as it comes."""
+
+    def __init__(self, process: subprocess.Popen):
+        self.lines = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(process.stdout), daemon=True)
+        self.reader.start()
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+
+def wait_for(condition, processes: list[subprocess.Popen], outputs: list[Output], timeout: float = 120):
+    deadline = time.time() + timeout
+    while not condition():
+        alive = all(process.poll() is None for process in processes)
+        assert time.time() < deadline and alive, "\n---\n".join(output.text for output in outputs)
+        time.sleep(0.1)

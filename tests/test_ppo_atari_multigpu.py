@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import types
 
@@ -33,6 +32,7 @@ from run_outputs import (
 )
 from running import (
     REPO_ROOT,
+    Output,
     assert_atari_ranges_are_checked,
     assert_main_fails_with,
     assert_ppo_ranges_are_checked,
@@ -44,6 +44,7 @@ from running import (
     run_script,
     stop,
     wait_all,
+    wait_for,
 )
 
 import cleanrl.ppo_atari as ppo_atari
@@ -556,27 +557,6 @@ def test_nodes_started_with_other_arguments_stop_with_one_error_line(tmp_path_fa
 # ---------------------------------------------------------------------------------------------
 # A worker killed under torchrun --max-restarts
 # ---------------------------------------------------------------------------------------------
-class Output:
-    """The merged stdout and stderr of a process, read by a thread as it comes."""
-
-    def __init__(self, process: subprocess.Popen):
-        self.lines = []
-        self.reader = threading.Thread(target=lambda: self.lines.extend(process.stdout), daemon=True)
-        self.reader.start()
-
-    @property
-    def text(self) -> str:
-        return "".join(self.lines)
-
-
-def wait_for(condition, processes: list[subprocess.Popen], outputs: list[Output], timeout: float = 120):
-    deadline = time.time() + timeout
-    while not condition():
-        alive = all(process.poll() is None for process in processes)
-        assert time.time() < deadline and alive, "\n---\n".join(output.text for output in outputs)
-        time.sleep(0.1)
-
-
 @pytest.mark.parametrize(
     "rendezvous",
     ["c10d, store shared with the workers", "c10d, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", "static, --master-addr"],
