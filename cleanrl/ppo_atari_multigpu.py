@@ -692,10 +692,9 @@ def keeps_the_run_on_this_disk() -> bool:
                 os.makedirs("runs", exist_ok=True)
                 os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
                 mine = True
-            except FileExistsError:
-                pass
-            except OSError as e:  # a disk that is full, read-only, or not ours
-                error = f"{socket.gethostname()}: cannot write the run to {os.path.abspath('runs')}: {e.strerror}"
+            except OSError as e:  # the marker is there already (rank 0 sees this disk), or the disk cannot be written
+                if not (isinstance(e, FileExistsError) and e.filename == marker):
+                    error = f"{socket.gethostname()}: cannot write the run to {os.path.abspath('runs')}: {e.strerror}"
         dist.barrier()
     if mine:
         os.remove(marker)

@@ -147,3 +147,88 @@ def test_the_same_command_on_a_surviving_host_resumes_the_run(job):
     assert job.launches[2].returncode == 0, text
     assert f"the job resumes at step {newest * ITERATION:,}" in text, text
     assert_every_step_logged_once(job.cluster.disk(2), iterations)
+
+
+def test_a_job_waits_through_a_link_cut_shorter_than_its_collective_timeout(job):
+    """node2's link cut for 60 s, under the default --collective-timeout (120 s): both nodes wait in their
+    collective calls and go on, with no restart; every step once."""
+    iterations = 24
+    for host in (1, 2):
+        job.start(host, elastic_job(iterations))
+    job.wait_for(lambda: checkpoints_written(job.text(2)), [1, 2])
+    job.cluster.cut(2)
+    time.sleep(60)
+    job.cluster.mend(2)
+    text = job.finish(1)
+    assert job.launches[1].returncode == 0, text
+    job.finish(2)
+    assert job.launches[2].returncode == 0, job.text(2)
+    assert text.count("world size 2:") == 1 and "world size 1:" not in text, text  # no restart
+    scalars = assert_every_step_logged_once(job.cluster.disk(1), iterations)
+    assert world_sizes(scalars) == [2]
+
+
+def test_a_host_cut_off_longer_than_the_timeout_is_dropped_and_the_job_goes_on(job):
+    iterations = 40
+    for host in (1, 2):
+        job.start(host, elastic_job(iterations, "--collective-timeout", "15"))
+    job.wait_for(lambda: checkpoints_written(job.text(2)), [1, 2])
+    cut_at = time.time()
+    job.cluster.cut(2)
+    job.wait_for(lambda: "world size 1:" in job.text(1), [1], timeout=120)
+    dropped_in = time.time() - cut_at
+    time.sleep(max(0.0, 45 - dropped_in))
+    job.cluster.mend(2)  # it may come back and join again: the job goes on either way
+    text = job.finish(1)
+    assert job.launches[1].returncode == 0, text
+    assert f"finished {iterations} iterations, {iterations * ITERATION} steps" in text
+    assert_every_step_logged_once(job.cluster.disk(1), iterations)
+    assert 15 <= dropped_in < 15 + 45, dropped_in
+    print(f"a host cut off for 45 s under --collective-timeout 15: the job went on without it {dropped_in:.1f} s later")
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input across hosts: nothing hangs. The article's scenario-2 lines (a static rendezvous on node1).
+# ---------------------------------------------------------------------------------------------
+def static_job(node_rank: int, master: str = "node1", port: int = 29500, timeout: int = 10) -> list[str]:
+    """`torchrun --nnodes=2 ... --master-addr=node1`, torchrun's own rendezvous bounded by --rdzv-conf timeout."""
+    return [
+        *(TORCHRUN, "--nnodes=2", "--nproc-per-node=1", f"--node-rank={node_rank}", f"--master-addr={master}"),
+        *(f"--master-port={port}", f"--rdzv-conf=timeout={timeout}", SCRIPT, "--local-num-envs", "2"),
+        *("--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1", "--total-timesteps", "1024"),
+    ]
+
+
+def test_a_disk_that_cannot_be_written_stops_every_node_with_one_line_naming_host_and_folder(job):
+    with open(os.path.join(job.cluster.disk(2), "runs"), "w"):  # a file where node2's runs/ should be
+        pass
+    for host in (1, 2):
+        job.start(host, static_job(host - 1))
+    outputs = [job.finish(host, timeout=120) for host in (1, 2)]
+    assert job.launches[1].returncode != 0 and job.launches[2].returncode != 0, outputs
+    errors = re.findall(r"^error: .*$", "".join(outputs), re.M)
+    assert errors == [f"error: node2: cannot write the run to {job.cluster.disk(2)}/runs: File exists"], outputs
+
+
+@pytest.mark.parametrize(
+    "fault, last_line",
+    [
+        ("a master address that does not resolve", "trying to connect to (nowhere, 29500)"),
+        ("a port already in use", "port: 29500, useIpv6: false, code: -98, name: EADDRINUSE"),
+        ("a host that never arrives", "waiting for clients. 1/2 clients joined."),
+    ],
+)
+def test_torchrun_gives_up_on_a_bad_rendezvous_within_its_timeout(job, fault, last_line):
+    """These fail in torchrun itself, before the script runs: its traceback ends with a line naming the
+    address, within about twice --rdzv-conf timeout (docs/cluster.md gives the bounds)."""
+    if fault.startswith("a port"):
+        blocker = "import socket, time; s = socket.create_server(('0.0.0.0', 29500)); time.sleep(600)"
+        job.cluster.popen(1, [sys.executable, "-c", blocker])
+        time.sleep(1)
+    host, command = (2, static_job(1, master="nowhere")) if "resolve" in fault else (1, static_job(0))
+    started = time.time()
+    job.start(host, command)
+    text = job.finish(host, timeout=120)
+    assert job.launches[host].returncode != 0
+    assert last_line in text.strip().splitlines()[-1], text[-3000:]
+    assert time.time() - started < 2 * 10 + 30

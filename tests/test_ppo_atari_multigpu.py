@@ -519,7 +519,9 @@ def test_two_nodes_of_one_process_train_as_one_job(two_node_bf16_run):
     assert "rank 1/2" in output1 and "finished" not in output1
     digests = re.findall(r"parameters sha256 ([0-9a-f]+)", output0 + output1)
     assert len(digests) == 2 and digests[0] == digests[1]
-    assert not (cwd1 / "runs").exists()  # node 1 writes nothing: the logs are rank 0's
+    # Each node has a folder (a disk) of its own: each keeps the whole run, so either can resume it alone.
+    assert [os.path.basename(d) for d in run_dirs(cwd1)] == [os.path.basename(d) for d in run_dirs(cwd0)]
+    assert read_scalars(run_dirs(cwd1)[0]).keys() == read_scalars(run_dirs(cwd0)[0]).keys()
     scalars = read_scalars(run_dirs(cwd0)[0])
     assert steps(scalars, "charts/SPS") == [ITERATION, 2 * ITERATION, 3 * ITERATION]
 
