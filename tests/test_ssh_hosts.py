@@ -36,28 +36,39 @@ def recipe() -> tuple[str, str]:
     return setup, launch
 
 
-def python_for_every_user() -> str:
-    """A shell command that lets every user of a host run this Python: a virtualenv made from a Python in
-    root's home (mode 700, as pyenv installs it) is out of other users' reach. In the host's own mount
-    namespace, the first folder on the Python's path that others cannot enter is covered by an empty one
-    they can, with the one folder below it that leads to the Python put back. `true` where nothing stops them."""
-    parts = os.path.realpath(sys.executable).split(os.sep)
-    for k in range(2, len(parts) - 1):
-        folder, below = os.sep.join(parts[:k]), os.sep.join(parts[: k + 1])
-        if not os.stat(folder).st_mode & 0o001:
-            folder, below = shlex.quote(folder), shlex.quote(below)
-            return (
-                f"mount --bind {below} /mnt && mount -t tmpfs -o mode=755 opened {folder}"
-                f" && mkdir -p {below} && mount --move /mnt {below}"
-            )
-    return "true"
+def reachable_by_every_user(paths: list[str]) -> str:
+    """A shell command that lets every user of a host reach `paths` (this Python, its virtualenv, the
+    checkout): a virtualenv made from a Python in root's home (mode 700, where pyenv installs it) is out of
+    other users' reach. In the host's own mount namespace, each first folder on their way that others
+    cannot enter is covered by an empty one they can, with the folders below it that lead to the paths put
+    back (each staged on the host's disk while the cover goes on). `true` where nothing stops them."""
+    blocked: dict[str, set[str]] = {}
+    for path in paths:
+        parts = os.path.realpath(path).split(os.sep)
+        for k in range(2, len(parts)):
+            if not os.stat(os.sep.join(parts[:k])).st_mode & 0o001:
+                blocked.setdefault(os.sep.join(parts[:k]), set()).add(os.sep.join(parts[: k + 1]))
+                break
+    commands = []
+    for n, (folder, below) in enumerate(blocked.items()):
+        staged = {child: f'"$DISK/.staged{n}_{m}"' for m, child in enumerate(sorted(below))}
+        commands += [
+            f"mkdir -p {stage} && mount --bind {shlex.quote(child)} {stage}" for child, stage in staged.items()
+        ]
+        commands.append(f"mount -t tmpfs -o mode=755 opened {shlex.quote(folder)}")
+        commands += [
+            f"mkdir -p {shlex.quote(child)} && mount --move {stage} {shlex.quote(child)}"
+            for child, stage in staged.items()
+        ]
+    return " && ".join(commands) or "true"
 
 
 def on_host(argv: list[str]) -> list[str]:
     """argv for cluster.run or cluster.popen, with the host's own /home (its disk's home/ folder: no home is
     shared between the hosts) and this Python within every user's reach."""
     home = 'mkdir -p "$DISK/home" && mount --bind "$DISK/home" /home'
-    return ["sh", "-c", f'{home} && {python_for_every_user()} && exec "$@"', "sh", *argv]
+    reach = reachable_by_every_user([sys.executable, sys.prefix, REPO_ROOT])
+    return ["sh", "-c", f'{home} && {reach} && exec "$@"', "sh", *argv]
 
 
 @pytest.fixture
