@@ -240,7 +240,6 @@ class SlurmOnHosts:
 
     def __init__(self, cluster, environment: dict):
         self.cluster, self.environment = cluster, environment
-        self.folder = os.path.join(local_folder(cluster), "slurm")  # on every host, its own
 
     def run(self, argv: list[str], cwd=None, host: int = 1, env: dict | None = None, **kwargs):
         """argv on host I (default node1) in cwd (default: local_folder), with Slurm's environment and `env`;
@@ -300,9 +299,8 @@ def slurm_on_hosts(cluster, cpus: int = 1, **options):
         )
         for i in range(1, cluster.n + 1):
             start(i, ["sh", "-c", cgroups, "sh", shutil.which("slurmd", path=sbin), "-D"])
-        logs = [
-            os.path.join(cluster.disk(i), "slurm", f"{name}.log") for i in (1, 2) for name in ("slurmctld", "slurmd")
-        ]
+        logs = [os.path.join(cluster.disk(1), "slurm", "slurmctld.log")]
+        logs += [os.path.join(cluster.disk(i), "slurm", "slurmd.log") for i in range(1, cluster.n + 1)]
         wait_until_idle(slurm.run, nodes=cluster.n, logs=logs)
         yield slurm
     finally:
