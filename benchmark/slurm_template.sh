@@ -32,7 +32,7 @@ threads=$(( ${SLURM_CPUS_PER_TASK:-1} / processes[task] ))
 export OMP_NUM_THREADS=$(( threads > 0 ? threads : 1 ))
 export PYTHONUNBUFFERED=1
 log={{log_dir}}/${names[task]}.log
-echo "task $task: ${names[task]} (OMP_NUM_THREADS=$OMP_NUM_THREADS, output in $log)"
+echo "task $task: ${names[task]} (OMP_NUM_THREADS=$OMP_NUM_THREADS, output in $log on $(hostname))"
 # A command with --resume goes on from its checkpoint when its task is submitted again: its log keeps
 # the earlier attempts (their checkpoints, a traceback) and adds this one, as benchmark/run.py's local runs do.
 if (( resumes[task] )); then
