@@ -14,8 +14,10 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
@@ -29,7 +31,8 @@ TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 def measure(rate: str, iterations: int, root: str) -> dict:
     """One run of `iterations` at the default sizes (8 envs x 128 steps, 4 epochs x 4 minibatches) on 2 fresh
     hosts; steady SPS from the second iteration's event on, and the bytes each host sent."""
-    with Cluster(2, os.path.join(root, rate)) as cluster:
+    os.makedirs(root, exist_ok=True)
+    with Cluster(2, tempfile.mkdtemp(prefix=f"{rate}-", dir=root)) as cluster:
         if rate != "none":
             cluster.limit(rate)
         launches = []
@@ -53,6 +56,7 @@ def measure(rate: str, iterations: int, root: str) -> dict:
         (run_dir,) = glob.glob(os.path.join(cluster.disk(1), "runs", "*"))
         sps = steady_sps(scalars(run_dir, "charts/SPS"), from_step=2048)
         sent = [cluster.bytes_sent(host) for host in (1, 2)]
+    shutil.rmtree(cluster.root, ignore_errors=True)
     return {"rate": rate, "steady_sps": round(sps, 1), "bytes_sent_per_host": sent, "iterations": iterations}
 
 
