@@ -859,6 +859,7 @@ def plot_allreduce(all_series: list[dict]) -> plt.Figure:
     counts = sorted({row["processes"] for row in all_rows})
     computed = sorted({(p["processes"], p["bytes_ratio"]) for s in all_series for p in s["central_over_ring"]})
     right.plot(*zip(*computed), "s--", color="gray", label="busiest process's bytes (computed: N / 2)")
+    crossings = 0  # the labels of the counts where a time ratio reaches 1.6, stacked
     for style, series in zip(itertools.cycle(styles), all_series):
         ratios = sorted(
             (p["processes"], p["time_ratio"], p.get("measured_bytes_ratio")) for p in series["central_over_ring"]
@@ -875,15 +876,17 @@ def plot_allreduce(all_series: list[dict]) -> plt.Figure:
                 f"{series['label']}: {at:.1f}" if len(all_series) > 1 else f"measured: {at:.1f} processes",
                 (at, 1.6),
                 textcoords="offset points",
-                xytext=(5, -14),
+                xytext=(5, -14 - 12 * crossings),
                 fontsize="small",
                 color="tab:orange",
             )
+            crossings += 1
     if any(p.get("measured_bytes_ratio") is not None for s in all_series for p in s["central_over_ring"]):
         right.plot([], [], "x", color="gray", markersize=8, label="busiest host's bytes (measured on its link)")
     right.axhline(1.6, color="tab:orange", linewidth=1.5, label="central costs 60% more than ring (1.6)")
     right.set_ylabel("central / ring")
     right.set_title("central scheme over ring", fontsize="medium")
+    right.set_xlim(left.get_xlim())
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_xticks(counts, [str(n) for n in counts])
