@@ -5,6 +5,7 @@ process sends and receives.
     python benchmark/allreduce.py --processes 2 4 8 16 --json benchmark/results/allreduce.json
     python benchmark/plot.py allreduce benchmark/results/allreduce.json --out-dir docs/img
     python benchmark/allreduce.py --backend nccl --processes 2 4 8   # one GPU per process
+    python benchmark/allreduce.py --hosts /tmp/hosts --processes 2 4 8 --rate 1gbit 100mbit --repeats 5 --warmup 1
 
 The two schemes, both ending with every process holding the mean of all processes' gradients:
   ring     torch.distributed.all_reduce (sum) then a division: gloo's ring all-reduce on CPU tensors,
@@ -24,6 +25,15 @@ that a change of load hits both alike. A round's time is the slowest process's (
 end of its own call); the table gives the median over the rounds, the JSON each round's too (rounds_ms).
 Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) `--worker` runs as one of torchrun's
 processes, e.g. over real machines.
+
+--hosts ROOT puts each process on a host of its own: for each count N, a cluster of N hosts of
+benchmark/hosts.py (network namespaces on one bridge, each host with its own address, name and link;
+needs root), one worker per host, gloo over the hosts' links (GLOO_SOCKET_IFNAME=eth0), with --rate
+capping every link both ways (tbf), one series per rate. Each worker also reads its host's transmit
+counter (eth0's tx_bytes, what Cluster.bytes_sent reads) around every timed average: the bytes each host
+sent per average, measured (TCP/IP headers and acknowledgements included), beside the computed ones; and
+the tool records what each host sent over the whole run (Cluster.bytes_sent). Still one machine: the
+hosts share its cores, and the links are the kernel's, capped, with no latency of their own.
 
 Bad input is one line `error: ...` and a non-zero exit. Docs: docs/distributed.md#ring-against-central-averaging
 """
@@ -136,6 +146,14 @@ def central_average(tensor, world_size: int, rank: int, inbox: list):
             work.wait()
 
 
+def transmitted(counter: str | None) -> int:
+    """The bytes a network interface has sent, from its counter in /sys (0 without one)."""
+    if not counter:
+        return 0
+    with open(counter) as f:
+        return int(f.read())
+
+
 def worker(cli):
     import datetime
 
@@ -174,20 +192,30 @@ def worker(cli):
         dist.all_reduce(error, op=dist.ReduceOp.MAX)
         errors[scheme] = error.item()
 
-    # Timing: rounds of both schemes, interleaved; a round's time is its slowest process's.
+    # Timing: rounds of both schemes, interleaved; a round's time is its slowest process's. With
+    # --tx-counter, also the bytes this process's host sent in each timed average: from before its call to
+    # after the next barrier, by when every byte of the average has reached its peer (a queue on a capped
+    # link may still hold some when the call returns); the barrier's own bytes are a few hundred.
     times = torch.zeros(len(SCHEMES), cli.warmup + cli.repeats, dtype=torch.float64)
+    sent = torch.zeros(len(SCHEMES), world_size, dtype=torch.float64)
     for round_index in range(cli.warmup + cli.repeats):
         for s, scheme in enumerate(SCHEMES):
             tensor.copy_(gradient)
             synchronize()
             dist.barrier()
+            counted = transmitted(cli.tx_counter)
             started = time.perf_counter()
             averages[scheme]()
             synchronize()
             times[s, round_index] = time.perf_counter() - started
-    times = times.to(device)
+            if cli.tx_counter:
+                dist.barrier()
+                if round_index >= cli.warmup:
+                    sent[s, rank] += (transmitted(cli.tx_counter) - counted) / cli.repeats
+    times, sent = times.to(device), sent.to(device)
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
-    times = times.cpu()[:, cli.warmup :]
+    dist.all_reduce(sent)  # each process filled its own column
+    times, sent = times.cpu()[:, cli.warmup :], sent.cpu()
     if rank == 0:
         result = {
             scheme: {
@@ -196,6 +224,7 @@ def worker(cli):
                 "max_ms": times[s].max().item() * 1e3,
                 "rounds_ms": [seconds * 1e3 for seconds in times[s].tolist()],
                 "max_abs_error": errors[scheme],
+                **({"sent_bytes_per_process": sent[s].tolist()} if cli.tx_counter else {}),
             }
             for s, scheme in enumerate(SCHEMES)
         }
@@ -212,41 +241,58 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def worker_command(cli, tx_counter: str | None = None) -> list[str]:
+    command = [sys.executable, os.path.abspath(__file__), "--worker", "--backend", cli.backend]
+    command += ["--numel", str(cli.numel), "--repeats", str(cli.repeats), "--warmup", str(cli.warmup)]
+    command += ["--timeout", str(cli.timeout)]
+    command += ["--save-dir", cli.save_dir] if cli.save_dir else []
+    return command + (["--tx-counter", tx_counter] if tx_counter else [])
+
+
 def run_processes(processes: int, cli) -> dict:
     """Starts `processes` workers on this machine; returns rank 0's result."""
     port = str(free_port())
-    command = [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--worker",
-        "--backend",
-        cli.backend,
-        "--numel",
-        str(cli.numel),
-        "--repeats",
-        str(cli.repeats),
-        "--warmup",
-        str(cli.warmup),
-        "--timeout",
-        str(cli.timeout),
-    ]
-    if cli.save_dir:
-        command += ["--save-dir", cli.save_dir]
+
+    def start(rank, log):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(processes)}
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, OMP_NUM_THREADS="1")
+        return subprocess.Popen(worker_command(cli), env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    return run_workers(processes, cli, start)
+
+
+# Inside a host of benchmark/hosts.py: its one link's transmit counter, the one Cluster.bytes_sent reads.
+HOST_TX_COUNTER = "/sys/class/net/eth0/statistics/tx_bytes"
+
+
+def run_on_hosts(processes: int, cli, rate: str | None) -> tuple[dict, list[int]]:
+    """One worker on each host of a new cluster of `processes` hosts (benchmark/hosts.py: network namespaces
+    on one bridge, each host with its own address and link, every link capped at `rate` both ways), gloo over
+    those links; returns rank 0's result and what each host sent over the whole run (Cluster.bytes_sent)."""
+    from benchmark.hosts import Cluster
+
+    with Cluster(processes, os.path.join(cli.hosts, f"allreduce-{processes}-hosts")) as cluster:
+        cluster.limit(rate)
+        before = [cluster.bytes_sent(i) for i in range(1, processes + 1)]
+
+        def start(rank, log):
+            env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(processes)}
+            env.update(MASTER_ADDR="node1", MASTER_PORT="29500", GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1")
+            command = worker_command(cli, HOST_TX_COUNTER)
+            return cluster.popen(rank + 1, command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+        result = run_workers(processes, cli, start)
+        return result, [cluster.bytes_sent(i) - before[i - 1] for i in range(1, processes + 1)]
+
+
+def run_workers(processes: int, cli, start) -> dict:
+    """Starts the workers (`start(rank, log)` -> a Popen), waits for them; returns rank 0's result."""
     workers = []
     logs = []
     try:
         for rank in range(processes):
             log = tempfile.TemporaryFile(mode="w+")
-            env = {
-                **os.environ,
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": str(processes),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": port,
-                "OMP_NUM_THREADS": "1",
-            }
-            workers.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
+            workers.append(start(rank, log))
             logs.append(log)
         # Until all have exited, or one has failed (the others would wait for it until --timeout).
         deadline = time.monotonic() + cli.timeout + 60
@@ -283,31 +329,46 @@ def format_bytes(count: float) -> str:
     return f"{count / 1e6:.1f} MB" if count >= 1e5 else f"{count / 1e3:.1f} kB"
 
 
-def report(results: dict) -> str:
-    setup = results["setup"]
+def report(setup: dict, series: dict, network: str) -> str:
+    """The tables of one series (every process count on one network) as markdown."""
+    hosts = "sent_bytes_per_process" in series["rows"][0]  # measured on each host's link
     lines = [
-        f"{setup['backend']} over {setup['transport']}, {setup['numel']:,} fp32 parameters "
+        f"{setup['backend']} over {network}, {setup['numel']:,} fp32 parameters "
         f"({format_bytes(setup['bytes'])}), median of {setup['repeats']} rounds after {setup['warmup']}; "
         f"{setup['cpus']} CPUs ({setup['cpu']}){', ' + setup['gpu'] if setup.get('gpu') else ''}, "
         f"torch {setup['torch']}, {setup['date']}",
         "one machine: the traffic pattern of a cluster, not a cluster",
         "",
-        "| processes | scheme | median time per average | busiest process sends | receives (computed) |",
-        "|-|-|-|-|-|",
     ]
-    for row in results["rows"]:
-        lines.append(
-            f"| {row['processes']} | {row['scheme']} | {row['median_ms']:.2f} ms | "
-            f"{format_bytes(row['busiest_sent_bytes'])} | {format_bytes(row['busiest_received_bytes'])} |"
-        )
+    if hosts:
+        lines += [
+            "| hosts | scheme | median time per average | busiest host sends (computed) | (measured) "
+            "| each host sends (measured) |",
+            "|-|-|-|-|-|-|",
+        ]
+    else:
+        lines += [
+            "| processes | scheme | median time per average | busiest process sends | receives (computed) |",
+            "|-|-|-|-|-|",
+        ]
+    for row in series["rows"]:
+        line = f"| {row['processes']} | {row['scheme']} | {row['median_ms']:.2f} ms | "
+        line += f"{format_bytes(row['busiest_sent_bytes'])} | "
+        if hosts:
+            each = " / ".join(format_bytes(b) for b in row["sent_bytes_per_process"])
+            lines.append(line + f"{format_bytes(max(row['sent_bytes_per_process']))} | {each} |")
+        else:
+            lines.append(line + f"{format_bytes(row['busiest_received_bytes'])} |")
     lines += [
         "",
-        "| processes | central / ring, time (measured) | central / ring, busiest process's bytes (computed) |",
-        "|-|-|-|",
+        "| processes | central / ring, time (measured) | central / ring, busiest process's bytes (computed) |"
+        + (" (measured) |" if hosts else ""),
+        "|-|-|-|" + ("-|" if hosts else ""),
     ]
-    for point in results["central_over_ring"]:
-        lines.append(f"| {point['processes']} | {point['time_ratio']:.2f} | {point['bytes_ratio']:.2f} |")
-    at = results["central_60_percent_more_at"]
+    for point in series["central_over_ring"]:
+        measured = f" {point['measured_bytes_ratio']:.2f} |" if hosts else ""
+        lines.append(f"| {point['processes']} | {point['time_ratio']:.2f} | {point['bytes_ratio']:.2f} |{measured}")
+    at = series["central_60_percent_more_at"]
     lines.append("")
     if at is None:
         lines.append(f"the central scheme never costs {CLAIM_RATIO - 1:.0%} more time than the ring here")
@@ -318,6 +379,44 @@ def report(results: dict) -> str:
         )
     lines.append(f"by the bytes of the busiest process (N / 2): from {2 * CLAIM_RATIO:.1f} processes on")
     return "\n".join(lines)
+
+
+def measure(counts: list[int], size: int, run) -> dict:
+    """Both schemes at each process count: `run(processes)` -> (rank 0's result, each host's bytes sent over
+    the whole run or None). Returns the series: rows, central over ring, and where it reaches 1.6."""
+    series = {"rows": [], "central_over_ring": []}
+    for processes in counts:
+        started = time.time()
+        measured, run_bytes = run(processes)
+        for scheme in SCHEMES:
+            if measured[scheme]["max_abs_error"] > 1e-4:
+                fail(
+                    f"{processes} processes: the {scheme} average differs from the plain mean by "
+                    f"{measured[scheme]['max_abs_error']:.3g}"
+                )
+            sent, received = busiest_traffic(scheme, processes, size)
+            row = {"processes": processes, "scheme": scheme, **measured[scheme]}
+            series["rows"].append(row | {"busiest_sent_bytes": sent, "busiest_received_bytes": received})
+        ring_sent, central_sent = (busiest_traffic(scheme, processes, size)[0] for scheme in SCHEMES)
+        point = {
+            "processes": processes,
+            "time_ratio": measured["central"]["median_ms"] / measured["ring"]["median_ms"],
+            "bytes_ratio": central_sent / ring_sent,
+        }
+        if run_bytes is not None:
+            busiest = {scheme: max(measured[scheme]["sent_bytes_per_process"]) for scheme in SCHEMES}
+            point.update(measured_bytes_ratio=busiest["central"] / busiest["ring"], run_bytes_sent_per_host=run_bytes)
+        series["central_over_ring"].append(point)
+        print(
+            f"  {processes} processes: ring {measured['ring']['median_ms']:.2f} ms, central "
+            f"{measured['central']['median_ms']:.2f} ms ({time.time() - started:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+    series["central_60_percent_more_at"] = crossing(
+        [(point["processes"], point["time_ratio"]) for point in series["central_over_ring"]]
+    )
+    return series
 
 
 def main():
@@ -346,7 +445,20 @@ def main():
     parser.add_argument("--timeout", type=int, default=600, help="seconds one process count may take (default: 600)")
     parser.add_argument("--json", help="also write the results to this JSON file (for benchmark/plot.py allreduce)")
     parser.add_argument("--save-dir", help="write each process's averaged tensor of the correctness check here")
+    parser.add_argument(
+        "--hosts",
+        metavar="ROOT",
+        help="run each process on a host of its own: a benchmark/hosts.py cluster per count, its disks in ROOT "
+        "(needs root), gloo over the hosts' links",
+    )
+    parser.add_argument(
+        "--rate",
+        nargs="+",
+        help="with --hosts: cap every host's link at each of these rates in turn, both ways (e.g. 1gbit 100mbit; "
+        "default: no cap)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--tx-counter", help=argparse.SUPPRESS)  # a worker's host's transmit counter in /sys
     cli = parser.parse_args()
     if cli.numel < 1 or cli.repeats < 1 or cli.warmup < 0 or cli.timeout < 1:
         fail("--numel, --repeats and --timeout must be positive, --warmup 0 or more")
@@ -361,6 +473,20 @@ def main():
         fail(f"--save-dir {cli.save_dir}: no such folder")
     if cli.json and not os.path.isdir(os.path.dirname(os.path.abspath(cli.json))):
         fail(f"--json {cli.json}: its folder does not exist")
+    if cli.rate and not cli.hosts:
+        fail("--rate caps the links of --hosts: add --hosts ROOT")
+    if cli.hosts:
+        from benchmark.hosts import burst_bytes, hosts_missing
+
+        if cli.backend != "gloo":
+            fail("--hosts runs gloo over the hosts' links: leave --backend at gloo")
+        if reason := hosts_missing():
+            fail(f"--hosts: cannot make hosts here: {reason}")
+        for rate in cli.rate or []:
+            try:
+                burst_bytes(rate)
+            except ValueError as error:
+                fail(f"--rate: {error}")
 
     import torch
 
@@ -371,61 +497,35 @@ def main():
             fail(f"--backend nccl runs one process per GPU: {max(cli.processes)} processes, {gpus} GPU(s) here")
         gpu = f"{gpus} x {torch.cuda.get_device_name(0)}"
     size = cli.numel * 4
-    results = {
-        "setup": {
-            "backend": cli.backend,
-            "transport": "loopback (127.0.0.1), one machine" if cli.backend == "gloo" else "NCCL within one machine",
-            "numel": cli.numel,
-            "bytes": size,
-            "repeats": cli.repeats,
-            "warmup": cli.warmup,
-            "cpus": os.cpu_count(),
-            "cpu": cpu_model(),
-            "gpu": gpu,
-            "torch": torch.__version__,
-            "nccl_algo": os.environ.get("NCCL_ALGO"),
-            "date": time.strftime("%Y-%m-%d"),
-        },
-        "rows": [],
-        "central_over_ring": [],
+    transport = "loopback (127.0.0.1), one machine" if cli.backend == "gloo" else "NCCL within one machine"
+    if cli.hosts:
+        transport = "a host each: network namespaces on one bridge (benchmark/hosts.py), one machine"
+    setup = {
+        "backend": cli.backend,
+        "transport": transport,
+        "numel": cli.numel,
+        "bytes": size,
+        "repeats": cli.repeats,
+        "warmup": cli.warmup,
+        "cpus": os.cpu_count(),
+        "cpu": cpu_model(),
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "nccl_algo": os.environ.get("NCCL_ALGO"),
+        "date": time.strftime("%Y-%m-%d"),
     }
-    for processes in sorted(set(cli.processes)):
-        started = time.time()
-        measured = run_processes(processes, cli)
-        for scheme in SCHEMES:
-            if measured[scheme]["max_abs_error"] > 1e-4:
-                fail(
-                    f"{processes} processes: the {scheme} average differs from the plain mean by "
-                    f"{measured[scheme]['max_abs_error']:.3g}"
-                )
-            sent, received = busiest_traffic(scheme, processes, size)
-            results["rows"].append(
-                {
-                    "processes": processes,
-                    "scheme": scheme,
-                    **measured[scheme],
-                    "busiest_sent_bytes": sent,
-                    "busiest_received_bytes": received,
-                }
-            )
-        ring_sent, central_sent = (busiest_traffic(scheme, processes, size)[0] for scheme in SCHEMES)
-        results["central_over_ring"].append(
-            {
-                "processes": processes,
-                "time_ratio": measured["central"]["median_ms"] / measured["ring"]["median_ms"],
-                "bytes_ratio": central_sent / ring_sent,
-            }
-        )
-        print(
-            f"  {processes} processes: ring {measured['ring']['median_ms']:.2f} ms, central "
-            f"{measured['central']['median_ms']:.2f} ms ({time.time() - started:.0f} s)",
-            file=sys.stderr,
-            flush=True,
-        )
-    results["central_60_percent_more_at"] = crossing(
-        [(point["processes"], point["time_ratio"]) for point in results["central_over_ring"]]
-    )
-    print(report(results))
+    counts = sorted(set(cli.processes))
+    if not cli.hosts:
+        results = {"setup": setup, **measure(counts, size, lambda processes: (run_processes(processes, cli), None))}
+        print(report(setup, results, transport))
+    else:  # one series per link rate
+        results = {"setup": setup, "networks": []}
+        for rate in cli.rate or [None]:
+            print(f"links capped at {rate}" if rate else "links not capped", file=sys.stderr, flush=True)
+            series = measure(counts, size, lambda processes: run_on_hosts(processes, cli, rate))
+            results["networks"].append({"rate": rate, **series})
+            network = f"hosts' links capped at {rate} both ways" if rate else "hosts' links, no cap"
+            print(report(setup, series, network) + "\n")
     if cli.json:
         with open(cli.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -3,7 +3,7 @@
     python benchmark/plot.py learning                      # runs/ -> plots/
     python benchmark/plot.py learning --runs-dir benchmark/results/runs --out-dir docs/img/breakout_1m
     python benchmark/plot.py throughput throughput.json    # a `benchmark/throughput.py --json` result
-    python benchmark/plot.py allreduce allreduce.json      # a `benchmark/allreduce.py --json` result
+    python benchmark/plot.py allreduce allreduce.json [allreduce_hosts.json]  # `benchmark/allreduce.py --json`
 
 learning: reads every `RUNS_DIR/*/events.out.tfevents*`, takes each run's env id, exp_name (the
 script) and seed from its hyperparameters text, else from its directory name
@@ -31,7 +31,8 @@ A run directory without events, or that names no env id, script and seed, is ski
 one-line warning.
 
 allreduce: the time of one gradient average against the number of processes, ring against central, and
-their ratio beside the ratio of the busiest process's bytes (a `benchmark/allreduce.py --json` result).
+their ratio beside the ratio of the busiest process's bytes, from one or more `benchmark/allreduce.py
+--json` results: over loopback, and (--hosts) over hosts' links, a series per link rate.
 
 throughput: a bar chart of the steady SPS of each configuration (a script, and the scheme it ran
 under: the torchrun script with 1 process and with 2, each --env-split; the JAX script on 1 or more
@@ -41,6 +42,7 @@ XLA devices), fp32 and bf16 side by side, with the env-only limit of each script
 
 import argparse
 import glob
+import itertools
 import json
 import logging
 import math
@@ -788,93 +790,126 @@ def throughput(cli):
 # ---------------------------------------------------------------------------------------------
 # Gradient averaging against the number of processes (benchmark/allreduce.py)
 # ---------------------------------------------------------------------------------------------
-def read_allreduce(path: str) -> dict:
+def read_allreduce(path: str) -> list[dict]:
+    """The series of a result: one (every count over loopback), or one per link rate (--hosts). Each series
+    has its label and the result's setup beside its rows, central_over_ring and central_60_percent_more_at."""
     try:
         with open(path) as f:
             results = json.load(f)
-        rows, ratios = results["rows"], results["central_over_ring"]
-        assert rows and all({"processes", "scheme", "median_ms", "busiest_sent_bytes"} <= row.keys() for row in rows)
-        assert all({"processes", "time_ratio", "bytes_ratio"} <= point.keys() for point in ratios)
-        assert "central_60_percent_more_at" in results
+        networks = results["networks"] if "networks" in results else [results]
+        series = []
+        for network in networks:
+            rows, ratios = network["rows"], network["central_over_ring"]
+            assert rows and all(
+                {"processes", "scheme", "median_ms", "busiest_sent_bytes"} <= row.keys() for row in rows
+            )
+            assert all({"processes", "time_ratio", "bytes_ratio"} <= point.keys() for point in ratios)
+            assert "central_60_percent_more_at" in network
+            label = "loopback" if "networks" not in results else f"hosts, {network['rate'] or 'no cap'}"
+            series.append({**network, "label": label, "setup": results.get("setup", {})})
     except (OSError, ValueError, KeyError, TypeError, AssertionError) as error:
         fail(
             f"{path} is not a `benchmark/allreduce.py --json` result ({type(error).__name__}); write one with "
             "python benchmark/allreduce.py --json FILE"
         )
-    return results
+    return series
 
 
-def plot_allreduce(results: dict) -> plt.Figure:
-    """Left: the median time of one average per scheme against the process count. Right: central / ring,
-    the measured time and the busiest process's computed bytes (N / 2), with the line where the central
-    scheme costs 60% more than the ring and the count where the measured ratio reaches it."""
-    setup, rows = results.get("setup", {}), results["rows"]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4))
+def plot_allreduce(all_series: list[dict]) -> plt.Figure:
+    """Left: the median time of one average per scheme against the process count, one line per scheme and
+    network (loopback, or hosts with capped links). Right: central / ring, the measured time of each network
+    and the busiest process's bytes (computed: N / 2; measured on the hosts' links), with the line where the
+    central scheme costs 60% more than the ring and the count where each measured time ratio reaches it."""
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
     colors = {"ring": "tab:blue", "central": "tab:red"}
-    for scheme in dict.fromkeys(row["scheme"] for row in rows):
-        points = sorted(
-            (row["processes"], row["median_ms"], row["busiest_sent_bytes"]) for row in rows if row["scheme"] == scheme
-        )
-        counts, times, sent = zip(*points)
-        left.plot(counts, times, "o-", color=colors.get(scheme), label=f"{scheme}")
-        for n, t, b in points:
-            left.annotate(
-                f"{t:.1f} ms\n{b / 1e6:.1f} MB",
-                (n, t),
-                textcoords="offset points",
-                xytext=(4, -22) if scheme == "ring" else (-8, 6),
-                ha="left" if scheme == "ring" else "right",
-                fontsize="x-small",
-                color=colors.get(scheme),
+    styles = ["o-", "s--", "^:", "D-."]
+    all_rows = [row for series in all_series for row in series["rows"]]
+    for style, series in zip(itertools.cycle(styles), all_series):
+        rows = series["rows"]
+        for scheme in dict.fromkeys(row["scheme"] for row in rows):
+            points = sorted(
+                (row["processes"], row["median_ms"], row["busiest_sent_bytes"])
+                for row in rows
+                if row["scheme"] == scheme
             )
-    top = max(row["median_ms"] for row in rows)
-    left.set_ylim(-0.15 * top, 1.2 * top)  # room for the labels above and below the points
-    left.set_xlim(min(r["processes"] for r in rows) / 1.35, max(r["processes"] for r in rows) * 1.35)
+            counts, times, _ = zip(*points)
+            label = scheme if len(all_series) == 1 else f"{scheme}, {series['label']}"
+            left.plot(counts, times, style, color=colors.get(scheme), label=label)
+            if len(all_series) == 1:  # one network: each point's time and bytes written beside it
+                for n, t, b in points:
+                    left.annotate(
+                        f"{t:.1f} ms\n{b / 1e6:.1f} MB",
+                        (n, t),
+                        textcoords="offset points",
+                        xytext=(4, -22) if scheme == "ring" else (-8, 6),
+                        ha="left" if scheme == "ring" else "right",
+                        fontsize="x-small",
+                        color=colors.get(scheme),
+                    )
+    if len(all_series) == 1:
+        top = max(row["median_ms"] for row in all_rows)
+        left.set_ylim(-0.15 * top, 1.2 * top)  # room for the labels above and below the points
+        left.set_title("time; MB each way of the busiest process (computed)", fontsize="medium")
+    else:  # milliseconds over loopback to seconds on a slow link
+        left.set_yscale("log")
+        left.set_title("time of one average", fontsize="medium")
+    left.set_xlim(min(r["processes"] for r in all_rows) / 1.35, max(r["processes"] for r in all_rows) * 1.35)
     left.set_ylabel("median time of one average (ms)")
-    left.set_title("time; MB each way of the busiest process (computed)", fontsize="medium")
-    ratios = sorted((p["processes"], p["time_ratio"], p["bytes_ratio"]) for p in results["central_over_ring"])
-    counts = [n for n, _, _ in ratios]
-    right.plot(counts, [r for _, r, _ in ratios], "o-", color="black", label="time (measured)")
-    bytes_label = "busiest process's bytes (computed: N / 2)"
-    right.plot(counts, [b for _, _, b in ratios], "s--", color="gray", label=bytes_label)
-    right.axhline(1.6, color="tab:orange", linewidth=1.5, label="central costs 60% more than ring (1.6)")
-    at = results["central_60_percent_more_at"]
-    if at is not None:
-        right.axvline(at, color="tab:orange", linestyle=":", linewidth=1.5)
-        right.annotate(
-            f"measured: {at:.1f} processes",
-            (at, 1.6),
-            textcoords="offset points",
-            xytext=(5, -14),
-            fontsize="small",
-            color="tab:orange",
+
+    counts = sorted({row["processes"] for row in all_rows})
+    computed = sorted({(p["processes"], p["bytes_ratio"]) for s in all_series for p in s["central_over_ring"]})
+    right.plot(*zip(*computed), "s--", color="gray", label="busiest process's bytes (computed: N / 2)")
+    crossings = 0  # the labels of the counts where a time ratio reaches 1.6, stacked
+    for style, series in zip(itertools.cycle(styles), all_series):
+        ratios = sorted(
+            (p["processes"], p["time_ratio"], p.get("measured_bytes_ratio")) for p in series["central_over_ring"]
         )
+        label = "time (measured)" if len(all_series) == 1 else f"time, {series['label']}"
+        right.plot([n for n, _, _ in ratios], [r for _, r, _ in ratios], style, color="black", label=label)
+        measured = [(n, b) for n, _, b in ratios if b is not None]
+        if measured:
+            right.plot(*zip(*measured), "x", color="gray", markersize=8)
+        at = series["central_60_percent_more_at"]
+        if at is not None:
+            right.axvline(at, color="tab:orange", linestyle=":", linewidth=1.5)
+            right.annotate(
+                f"{series['label']}: {at:.1f}" if len(all_series) > 1 else f"measured: {at:.1f} processes",
+                (at, 1.6),
+                textcoords="offset points",
+                xytext=(5, -14 - 12 * crossings),
+                fontsize="small",
+                color="tab:orange",
+            )
+            crossings += 1
+    if any(p.get("measured_bytes_ratio") is not None for s in all_series for p in s["central_over_ring"]):
+        right.plot([], [], "x", color="gray", markersize=8, label="busiest host's bytes (measured on its link)")
+    right.axhline(1.6, color="tab:orange", linewidth=1.5, label="central costs 60% more than ring (1.6)")
     right.set_ylabel("central / ring")
     right.set_title("central scheme over ring", fontsize="medium")
+    right.set_xlim(left.get_xlim())
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_xticks(counts, [str(n) for n in counts])
         ax.minorticks_off()
         ax.set_xlabel("processes")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-    parts = [
-        f"{setup.get('numel', 0):,} fp32 parameters" if setup.get("numel") else None,
-        setup.get("backend"),
-        setup.get("transport"),
-        f"{setup.get('cpus')} CPUs ({setup.get('cpu')})" if setup.get("cpus") else None,
-        setup.get("gpu"),
-        setup.get("date"),
-    ]
-    title = ", ".join(str(part) for part in parts if part)
-    figure.suptitle(title + "\nthe traffic pattern of a cluster, not a cluster", fontsize="medium")
+        ax.legend(fontsize="x-small" if len(all_series) > 1 else "small")
+    setups = list({json.dumps(s["setup"], sort_keys=True): s["setup"] for s in all_series}.values())
+    first = setups[0]
+    title = [", ".join(str(p) for p in (f"{first.get('numel', 0):,} fp32 parameters", first.get("backend")) if p)]
+    for setup in setups:  # where and on what each result was measured
+        machine = f"{setup.get('cpus')} CPUs ({setup.get('cpu')})" if setup.get("cpus") else None
+        parts = [setup.get("transport"), machine, setup.get("gpu"), setup.get("date")]
+        title.append(", ".join(str(part) for part in parts if part))
+    figure.suptitle("\n".join(title) + "\nthe traffic pattern of a cluster, not a cluster", fontsize="medium")
     figure.tight_layout()
     return figure
 
 
 def allreduce(cli):
     os.makedirs(cli.out_dir, exist_ok=True)
-    save(plot_allreduce(read_allreduce(cli.results)), os.path.join(cli.out_dir, "allreduce.png"))
+    series = [one for path in cli.results for one in read_allreduce(path)]
+    save(plot_allreduce(series), os.path.join(cli.out_dir, "allreduce.png"))
 
 
 def main():
@@ -910,8 +945,10 @@ def main():
     speed = commands.add_parser("throughput", help="the bar chart of a `benchmark/throughput.py --json` result")
     speed.add_argument("results", help="the JSON file written by benchmark/throughput.py --json")
     speed.add_argument("--out-dir", default="plots", help="where throughput.png goes (default: plots)")
-    averaging = commands.add_parser("allreduce", help="the figure of a `benchmark/allreduce.py --json` result")
-    averaging.add_argument("results", help="the JSON file written by benchmark/allreduce.py --json")
+    averaging = commands.add_parser("allreduce", help="the figure of `benchmark/allreduce.py --json` results")
+    averaging.add_argument(
+        "results", nargs="+", help="JSON files written by benchmark/allreduce.py --json (loopback, --hosts)"
+    )
     averaging.add_argument("--out-dir", default="plots", help="where allreduce.png goes (default: plots)")
     cli = parser.parse_args()
     if cli.figure == "allreduce":

@@ -16,11 +16,13 @@ import hashlib
 import os
 import queue
 import re
+import secrets
 import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -527,28 +529,26 @@ def main(args: Args):
     args.minibatch_size = args.batch_size // max(args.num_minibatches, 1)
     args.num_iterations = args.total_timesteps // max(args.batch_size, 1)
     check_args(args)
-    is_main = jax.process_index() == 0  # logging is process 0's job; every process trains
+    is_main = jax.process_index() == 0  # prints, videos, the model and wandb are process 0's; every process trains
+    keeps_run = keep_run_files_here()  # TensorBoard and checkpoints: one process per disk (runs/ folder)
     device = jax.local_devices()[0]
 
-    # The run is named after the game it plays: an evaluation's is the saved model's.
+    # The run is named after the game it plays (an evaluation's: the saved model's) and process 0's clock.
     env_id = load_model(args.eval_checkpoint, device)[1]["env_id"] if args.eval_checkpoint else args.env_id
-    run_name = f"{env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    started = int(multihost_utils.broadcast_one_to_all(np.int32(time.time())))
+    run_name = f"{env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{started}"
     if args.eval_checkpoint is not None:  # no training: play the saved model's games
         if is_main:
             writer = start_logging(args, run_name, None)
             run_evaluation(args, device, writer, run_name)
             writer.close()
         return
-    # Every process reads the checkpoint (several hosts: from the runs/ they share).
-    checkpoint = load_checkpoint(args.resume, args) if args.resume is not None else None
-    if jax.process_count() > 1:  # they must all have found the same one
-        found = multihost_utils.process_allgather(np.int64(checkpoint["global_step"] if checkpoint else -1))
-        if len(set(found.tolist())) > 1:
-            fail(f"--resume: the processes found different checkpoints (at steps {found.tolist()}, -1: none)")
+    # Several hosts: the newest checkpoint that any disk holds, copied first to every disk that lacks it.
+    checkpoint = resume_on_every_disk(args, keeps_run) if args.resume is not None else None
     run_name = checkpoint["run_name"] if checkpoint else run_name  # a resumed run goes on in its own folder
     checkpoint_folder = f"runs/{run_name}/checkpoints"
-    run_lock = lock_run(checkpoint_folder) if is_main and (args.checkpoint_every or checkpoint) else None
-    writer = start_logging(args, run_name, checkpoint) if is_main else None
+    run_lock = lock_run(checkpoint_folder) if keeps_run and (args.checkpoint_every or checkpoint) else None
+    writer = start_logging(args if is_main else replace(args, track=False), run_name, checkpoint) if keeps_run else None
 
     # Adam's learning rate is applied by the update (annealed per iteration), not by optax.
     key, init_key = jax.random.split(jax.random.key(args.seed))
@@ -641,7 +641,7 @@ def main(args: Args):
         env0_games += int(game_over[:, 0].sum())
         for step, i in zip(*np.nonzero(game_over)):
             recent_returns.append(float(returns[step, i]))
-            if is_main:
+            if keeps_run:
                 game_step = global_step + step * args.num_envs + i + 1
                 writer.add_scalar("charts/episodic_return", returns[step, i], game_step)
                 writer.add_scalar("charts/episodic_length", lengths[step, i], game_step)
@@ -651,16 +651,17 @@ def main(args: Args):
         global_step += args.batch_size
 
         sps = int((global_step - start_global_step) / (time.time() - start_time))
-        if is_main:
+        if keeps_run:
             writer.add_scalar("charts/learning_rate", learning_rate, global_step)
             for name, value in stats.items():  # clipfrac: the mean of the update; the others: its last minibatch
                 writer.add_scalar(f"losses/{name}", host(value), global_step)
             writer.add_scalar("losses/explained_variance", host(explained_var), global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
+        if is_main:
             progress.show(global_step, sps, recent_returns)
 
         if args.checkpoint_every and (iteration % args.checkpoint_every == 0 or iteration == args.num_iterations):
-            if is_main:
+            if keeps_run:
                 writer.flush()  # everything up to this checkpoint is on disk before it counts
                 saved_state = jax.device_get(on_device(train_state, local_devices[0]))
                 state = dict(train_state=flax.serialization.to_state_dict(saved_state), iteration=iteration)
@@ -688,6 +689,7 @@ def main(args: Args):
             save_model(model_path, trained, args)
             print(f"model saved to {model_path}")
             run_evaluation(args, device, writer, run_name, trained)
+    if writer is not None:
         writer.close()
     if run_lock is not None:
         run_lock.close()
@@ -1018,5 +1020,111 @@ def load_checkpoint(resume: str, args: Args) -> dict | None:
     return checkpoint
 
 
+# Several hosts, each with a disk of its own (this script's alone): every disk keeps the whole run, so that
+# the loss of any host, process 0's included, loses no checkpoint and no TensorBoard step.
+def keep_run_files_here() -> bool:
+    """Whether this process keeps the run's TensorBoard events and checkpoints in its runs/ folder: exactly one
+    process per folder, so that each host's disk holds the whole run and a folder that several processes see
+    (one host, a shared filesystem) is written once. Process 0 claims its folder first, then the others, each
+    by creating a marker file that only one process can create (O_EXCL), removed when all have tried."""
+    if jax.process_count() == 1:
+        return True
+    os.makedirs("runs", exist_ok=True)
+    token = int(multihost_utils.broadcast_one_to_all(np.int32(secrets.randbits(31))))  # new at every start
+    marker, claimed = f"runs/.claimed-{token}", False
+    for turn in ("process 0", "the others"):
+        if (jax.process_index() == 0) == (turn == "process 0"):
+            try:
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                claimed = True
+            except FileExistsError:  # this folder's keeper is another process
+                pass
+        multihost_utils.sync_global_devices(f"runs/ folders claimed by {turn}")
+    if claimed:
+        os.remove(marker)
+    return claimed
+
+
+def checkpoint_order(path: str | None) -> tuple[int, int]:
+    """What makes a checkpoint newer: its run's start (the time in the run's name), then its iteration;
+    (0, 0) for a file outside runs/*/checkpoints/, (-1, -1) for none."""
+    if path is None or not os.path.isfile(path):
+        return -1, -1
+    numbers = re.search(r"__(\d+)/checkpoints/iteration-(\d+)\.msgpack$", path)
+    return (int(numbers[1]), int(numbers[2])) if numbers else (0, 0)
+
+
+def resume_on_every_disk(args: Args, keeps_run: bool) -> dict | None:
+    """load_checkpoint for a job of several processes on hosts with disks of their own: the processes agree
+    on the newest checkpoint that any of them holds, and its holder sends it, with the run's TensorBoard
+    files, to each process that keeps a disk's run files and lacks it, before every process reads it."""
+    if jax.process_count() == 1:
+        return load_checkpoint(args.resume, args)
+    if args.resume == "auto":  # as load_checkpoint's, but ordered by checkpoint_order: disks' clocks differ
+        run_prefix = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__"
+        path = max(
+            glob.glob(f"runs/{glob.escape(run_prefix)}*/checkpoints/*.msgpack"), key=checkpoint_order, default=None
+        )
+    else:
+        path = args.resume if os.path.isfile(args.resume) else None
+    everyone = multihost_utils.process_allgather(np.array([*checkpoint_order(path), keeps_run], np.int32)).tolist()
+    holder = max(range(len(everyone)), key=lambda i: (everyone[i][:2], -i))  # the lowest index among equals
+    newest = everyone[holder][:2]
+    lacking = [i for i, (*order, keeps) in enumerate(everyone) if keeps and order != newest]
+    if newest == [-1, -1] or not lacking:  # no checkpoint anywhere, or every disk holds the newest
+        return load_checkpoint(path or args.resume, args)
+
+    is_holder, sent = jax.process_index() == holder, b""
+    if is_holder:
+        checkpoint = Path(path).read_bytes()
+        run = f"runs/{flax.serialization.msgpack_restore(checkpoint)['run_name']}"
+        events = {os.path.basename(f): Path(f).read_bytes() for f in glob.glob(f"{glob.escape(run)}/events.*")}
+        sent = flax.serialization.msgpack_serialize(dict(path=path, run=run, checkpoint=checkpoint, events=events))
+    sent = flax.serialization.msgpack_restore(broadcast_bytes(sent, is_holder))
+    if jax.process_index() in lacking:  # its own events give way to the holder's, the run's up to the checkpoint
+        for stale in glob.glob(f"{glob.escape(sent['run'])}/events.*"):
+            os.remove(stale)
+        os.makedirs(sent["run"], exist_ok=True)
+        for name, content in sent["events"].items():
+            Path(sent["run"], name).write_bytes(content)
+        os.makedirs(os.path.dirname(sent["path"]) or ".", exist_ok=True)
+        Path(sent["path"] + ".tmp").write_bytes(sent["checkpoint"])
+        os.replace(sent["path"] + ".tmp", sent["path"])
+        copied = f"{sent['path']} and {len(sent['events'])} TensorBoard file(s)"
+        print(f"process {jax.process_index()}: copied {copied} from process {holder}", flush=True)
+    multihost_utils.sync_global_devices("the newest checkpoint on every disk")
+    return load_checkpoint(sent["path"], args)
+
+
+def broadcast_bytes(data: bytes, is_source: bool) -> bytes:
+    """The source process's bytes, on every process (a collective call: all call it, one as the source)."""
+    size = int(multihost_utils.broadcast_one_to_all(np.int32(len(data)), is_source))
+    buffer = np.frombuffer(data, np.uint8) if is_source else np.zeros(size, np.uint8)
+    return multihost_utils.broadcast_one_to_all(buffer, is_source).tobytes()
+
+
+@contextmanager
+def exit_when_a_process_is_lost():
+    """jax.distributed has no elastic restart: when a process of the job dies, the others' next collective
+    call fails (gloo: the connection is reset). They exit at once with a one-line error, skipping JAX's
+    shutdown barrier, which would wait for the lost process until its heartbeat times out (100 s) and abort."""
+    try:
+        yield
+    except jax.errors.JaxRuntimeError as e:
+        lost = jax.process_count() > 1 and any(sign in str(e) for sign in ("Gloo", "UNAVAILABLE", "heartbeat"))
+        if not lost:
+            raise
+        cause = str(e).strip().splitlines()[0]
+        print(
+            f"error: process {jax.process_index()} lost the job ({cause}); restart it with --resume auto"
+            " on the hosts left (--num-processes their number)",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.stdout.flush()
+        os._exit(1)
+
+
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    with exit_when_a_process_is_lost():
+        main(tyro.cli(Args))

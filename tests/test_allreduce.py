@@ -137,6 +137,51 @@ def test_the_figure_is_written(measured, tmp_path):
     assert image.shape[0] > 300 and image.shape[1] > 600
 
 
+def test_across_hosts_each_host_runs_one_worker_over_its_capped_link_and_counts_what_it_sent(measured, tmp_path):
+    # --hosts: 2 hosts of benchmark/hosts.py, one worker each, every link capped at 100 Mbit/s: both schemes
+    # still give the plain mean; each host's bytes per average, read from its link's counter, are the
+    # algorithm's (plus the TCP/IP headers and acknowledgements), the run's totals (Cluster.bytes_sent) hold
+    # every timed average, and the cap shows in the time.
+    from benchmark.hosts import hosts_missing
+
+    if reason := hosts_missing():
+        pytest.skip(reason)
+    numel, repeats = 100_003, 2
+    result = run_tool(
+        "allreduce.py",
+        *("--hosts", str(tmp_path / "hosts"), "--processes", "2", "--rate", "100mbit", "--numel", str(numel)),
+        *("--repeats", str(repeats), "--warmup", "1", "--json", str(tmp_path / "hosts.json")),
+        *("--save-dir", str(tmp_path)),
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    plain_mean = torch.stack([allreduce.rank_gradient(rank, numel) for rank in range(2)]).mean(dim=0)
+    for scheme in ("ring", "central"):
+        for rank in range(2):
+            torch.testing.assert_close(torch.load(tmp_path / f"{scheme}-2-rank{rank}.pt"), plain_mean)
+    results = json.loads((tmp_path / "hosts.json").read_text())
+    assert "a host each" in results["setup"]["transport"]
+    (network,) = results["networks"]
+    assert network["rate"] == "100mbit"
+    size = numel * 4  # 2 processes: each sends the whole gradient once in either scheme
+    for row in network["rows"]:
+        assert row["busiest_sent_bytes"] == size
+        assert all(size < sent < 1.1 * size for sent in row["sent_bytes_per_process"]), row
+        # 400 kB at 12.5 MB/s, less what tbf's 125 kB bucket lets through at once: 22 ms at the least
+        assert row["min_ms"] > 15, row
+    (point,) = network["central_over_ring"]
+    timed = [sum(repeats * row["sent_bytes_per_process"][i] for row in network["rows"]) for i in range(2)]
+    assert all(total > sent for total, sent in zip(point["run_bytes_sent_per_host"], timed))
+    assert "| 2 | central |" in result.stdout and "hosts' links capped at 100mbit" in result.stdout
+    # The figure draws the loopback series and the capped one together.
+    loopback = str(measured[0] / "allreduce.json")
+    figure = run_tool(
+        "plot.py", "allreduce", loopback, str(tmp_path / "hosts.json"), "--out-dir", str(tmp_path), cwd=tmp_path
+    )
+    assert figure.returncode == 0 and (tmp_path / "allreduce.png").exists(), figure.stderr
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -147,6 +192,7 @@ def test_the_figure_is_written(measured, tmp_path):
         (["--save-dir", "/nonexistent/folder"], "no such folder"),
         (["--json", "/nonexistent/folder/out.json"], "its folder does not exist"),
         (["--backend", "nccl", "--processes", "2"], "one process per GPU"),
+        (["--rate", "1gbit"], "--rate caps the links of --hosts: add --hosts ROOT"),
     ],
 )
 def test_bad_input_is_a_one_line_error(tmp_path, args, message):

@@ -3,9 +3,11 @@
 import glob
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from functools import partial
 from pathlib import Path
 
@@ -47,6 +49,7 @@ from running import (
     read_scalars,
     run_dirs,
     run_script,
+    subprocess_environment,
     wait_all,
 )
 
@@ -506,36 +509,156 @@ def test_two_devices_hold_identical_parameters(short_run):
     assert digests[0] == digests[1]
 
 
-def test_two_hosts_of_one_device_train_the_job_of_one_host_with_two_devices(short_run, tmp_path):
-    # Two processes on loopback, each in a folder of its own as on two machines: jax.distributed joins
-    # their devices into one job, which must be short_run's job of two devices, bit for bit.
-    cwd, result = short_run
-    one_host = re.search(r"parameters sha256 per device (\w+) (\w+)\n", result.stdout).groups()
+def short_run_digests(short_run) -> list[str]:
+    """The parameters' digest on each of short_run's two devices."""
+    return list(re.search(r"parameters sha256 per device (\w+) (\w+)\n", short_run[1].stdout).groups())
+
+
+def process_digests(outputs: list[str]) -> list[str]:
+    """The parameters' digest printed by each process of a job (one device each), in process order."""
+    return [re.search(rf"process {i}: parameters sha256 per device (\w+)\n", out)[1] for i, out in enumerate(outputs)]
+
+
+def test_two_processes_sharing_a_folder_train_the_job_of_one_process_with_two_devices_and_one_writes_it(
+    short_run, tmp_path
+):
+    # Two processes on loopback in one folder (one host, or hosts on a shared filesystem): jax.distributed
+    # joins their devices into one job, which must be short_run's job of two devices, bit for bit; the
+    # folder is the run's once: one process keeps its TensorBoard events and checkpoints (a second writer
+    # would find the run locked, or log every step twice).
     coordinator = ["--coordinator-address", f"127.0.0.1:{free_port()}", "--num-processes", "2"]
+    command = [sys.executable, os.path.join(REPO_ROOT, "cleanrl", SCRIPT), *SHORT_RUN, "--checkpoint-every", "2"]
     launches = []
     for process_id in (0, 1):
-        folder = tmp_path / f"host{process_id}"
-        folder.mkdir()
-        command = [sys.executable, os.path.join(REPO_ROOT, "cleanrl", SCRIPT), *SHORT_RUN, *coordinator]
         process = subprocess.Popen(
-            [*command, "--process-id", str(process_id)],
-            cwd=folder,
+            [*command, *coordinator, "--process-id", str(process_id)],
+            cwd=tmp_path,
             env={**os.environ, "OMP_NUM_THREADS": "1"},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        launches.append((process, folder))
-    (output0, rc0, host0), (output1, rc1, host1) = wait_all(launches, timeout=300)
+        launches.append((process, tmp_path))
+    (output0, rc0, _), (output1, rc1, _) = wait_all(launches, timeout=300)
     assert rc0 == 0 and rc1 == 0, output0 + output1
     assert "2 cpu device(s) on 2 process(es): 2 envs (1 per device), batch 128" in output0
     assert "finished 4 iterations, 512 steps" in output0 and "finished" not in output1
-    digests = [
-        re.search(rf"process {i}: parameters sha256 per device (\w+)\n", output)[1]
-        for i, output in enumerate((output0, output1))
+    assert process_digests([output0, output1]) == short_run_digests(short_run)
+    (run_dir,) = run_dirs(tmp_path)
+    assert len(glob.glob(os.path.join(run_dir, "events.*"))) == 1 and "checkpoint runs/" not in output1
+    assert [step for step, _ in read_scalars(run_dir)["losses/value_loss"]] == [128, 256, 384, 512]
+    assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == [
+        "iteration-0000002.msgpack",
+        "iteration-0000004.msgpack",
+        "lock",
     ]
-    assert digests == list(one_host), (digests, one_host)
-    assert len(run_dirs(host0)) == 1 and not run_dirs(host1)  # process 0 logs the job
+
+
+# --- Across hosts (benchmark/hosts.py: each host its own address, name and disk) -----------------
+def start_on_hosts(cluster, args: list[str], logs, hosts=(1, 2)) -> list[subprocess.Popen]:
+    """The script's job on `hosts`, process i - 1 on node i, the coordinator on node1, each in its own disk's
+    folder; node i's output goes to logs/node{i}.txt."""
+    coordinator = ["--coordinator-address", "node1:7777", "--num-processes", str(len(hosts))]
+    command = [sys.executable, os.path.join(REPO_ROOT, "cleanrl", SCRIPT), *args, *coordinator]
+    env = subprocess_environment({"OMP_NUM_THREADS": "1"})
+    return [
+        cluster.popen(i, [*command, "--process-id", str(i - 1)], env=env, stdout=open(logs / f"node{i}.txt", "w"),
+                      stderr=subprocess.STDOUT)
+        for i in hosts
+    ]  # fmt: skip
+
+
+def run_on_hosts(cluster, args: list[str], logs, timeout=300) -> list[str]:
+    """start_on_hosts, then the outputs of its processes once all have exited 0."""
+    processes = start_on_hosts(cluster, args, logs)
+    try:
+        codes = [process.wait(timeout=timeout) for process in processes]
+    finally:
+        for i in (1, 2):
+            cluster.kill(i)
+    outputs = [(logs / f"node{i}.txt").read_text() for i in (1, 2)]
+    assert codes == [0, 0], "\n".join(outputs)
+    return outputs
+
+
+def checkpoint_state(path: str):
+    return flax.serialization.msgpack_restore(Path(path).read_bytes())["train_state"]
+
+
+def test_two_hosts_train_the_job_of_two_devices_each_keeping_the_whole_run_on_its_disk(short_run, make_hosts, tmp_path):
+    # node1 and node2 (jax.distributed over their own addresses, the coordinator on node1) train short_run's
+    # job bit for bit, and each host's disk holds the whole run: every step's scalars and every checkpoint.
+    cluster = make_hosts(2)
+    args = [*SHORT_RUN, "--checkpoint-every", "2", "--resume", "auto"]
+    outputs = run_on_hosts(cluster, args, tmp_path)
+    assert "2 cpu device(s) on 2 process(es): 2 envs (1 per device), batch 128" in outputs[0]
+    assert process_digests(outputs) == short_run_digests(short_run)
+    (run1,), (run2,) = run_dirs(cluster.disk(1)), run_dirs(cluster.disk(2))
+    assert os.path.basename(run1) == os.path.basename(run2), "one run, one name"
+    scalars = [read_scalars(run1), read_scalars(run2)]
+    assert [step for step, _ in scalars[0]["losses/value_loss"]] == [128, 256, 384, 512]
+    for tag in scalars[0].keys() - {"charts/SPS"}:  # SPS: each host's own clock
+        assert scalars[0][tag] == scalars[1][tag], tag
+    last = [os.path.join(run, "checkpoints", "iteration-0000004.msgpack") for run in (run1, run2)]
+    jax.tree.map(np.testing.assert_array_equal, checkpoint_state(last[0]), checkpoint_state(last[1]))
+
+    # node1 replaced by a machine with an empty disk: the same command agrees on node2's newest checkpoint,
+    # copies it to node1 with the run's TensorBoard file and resumes there (the run is finished: no step left).
+    shutil.rmtree(os.path.join(cluster.disk(1), "runs"))
+    outputs = run_on_hosts(cluster, args, tmp_path)
+    checkpoint = f"runs/{os.path.basename(run1)}/checkpoints/iteration-0000004.msgpack"
+    assert f"process 0: copied {checkpoint} and 1 TensorBoard file(s) from process 1" in outputs[0]
+    assert "copied" not in outputs[1]
+    assert f"resuming {os.path.basename(run1)} at step 512 from {checkpoint}" in outputs[0]
+    assert process_digests(outputs) == short_run_digests(short_run)
+    assert read_scalars(run1).keys() == scalars[1].keys()
+    for tag, values in read_scalars(run1).items():
+        assert values == scalars[1][tag], tag
+
+
+@pytest.mark.parametrize("lost", [2, 1], ids=["node2", "node1-of-process-0"])
+def test_a_job_that_loses_a_host_ends_and_resumes_on_the_other_alone_from_its_own_disk(make_hosts, tmp_path, lost):
+    # jax.distributed has no elastic restart: the loss of either host (kill -9 of all its processes, after a
+    # checkpoint) ends the job within seconds. The documented restart, the same command on the host left
+    # without the coordinator, resumes from the newest checkpoint on that host's own disk and finishes the
+    # budget, every iteration logged once in that disk's TensorBoard events.
+    cluster = make_hosts(2)
+    left = 3 - lost
+    args = ["--num-envs", "2", "--num-steps", "64", "--total-timesteps", "768", "--checkpoint-every", "2"]
+    args += ["--resume", "auto", "--progress-interval", "0"]
+    processes = start_on_hosts(cluster, args, tmp_path)
+    deadline = time.monotonic() + 300
+    while not glob.glob(os.path.join(cluster.disk(left), "runs", "*", "checkpoints", "iteration-0000002.msgpack")):
+        assert time.monotonic() < deadline and processes[left - 1].poll() is None, (
+            tmp_path / f"node{left}.txt"
+        ).read_text()
+        time.sleep(0.1)
+    cluster.kill(lost)
+    killed = time.monotonic()
+    code = processes[left - 1].wait(timeout=120)
+    ended_after = time.monotonic() - killed
+    output = (tmp_path / f"node{left}.txt").read_text()
+    assert "finished" not in output, "the kill came after the end: nothing was lost"
+    assert code != 0 and ended_after < 30, (code, ended_after, output[-3000:])
+    if lost == 2:  # process 0 is left: it says so in one line (process 1 is ended by JAX itself)
+        assert code == 1 and output.strip().splitlines()[-1].startswith("error: process 0 lost the job"), output
+
+    (run_dir,) = run_dirs(cluster.disk(left))
+    newest = max(glob.glob("iteration-*.msgpack", root_dir=os.path.join(run_dir, "checkpoints")))  # 2 or later
+    command = [sys.executable, os.path.join(REPO_ROOT, "cleanrl", SCRIPT), *args]
+    env = subprocess_environment({"OMP_NUM_THREADS": "1"})
+    result = cluster.run(left, command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    step = 128 * int(newest[len("iteration-") : -len(".msgpack")])
+    assert f"resuming {os.path.basename(run_dir)} at step {step:,} from runs/" in result.stdout
+    assert f"{newest}\n1 cpu device(s) on 1 process(es)" in result.stdout
+    assert "finished 6 iterations, 768 steps" in result.stdout
+    assert run_dirs(cluster.disk(left)) == [run_dir]
+    scalars = read_scalars(run_dir)
+    for tag in ("losses/value_loss", "charts/learning_rate", "charts/SPS"):
+        assert [step for step, _ in scalars[tag]] == [128 * i for i in range(1, 7)], tag
+    game_steps = [step for step, _ in scalars["charts/episodic_return"]]
+    assert game_steps == sorted(set(game_steps)), "no game twice"
 
 
 def test_save_then_evaluate_round_trip(short_run):
