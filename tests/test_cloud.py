@@ -881,12 +881,14 @@ def test_two_nodes_train_as_one_job_and_end_with_identical_weights(two_node_job)
     digests = {**rank_lines(worker_output, pattern), **rank_lines(main_output, pattern)}
     assert sorted(digests) == [0, 1] and "rank 0: played" in main_output
     assert digests[0]["digest"] == digests[1]["digest"]
-    # ... and they are the weights of the final checkpoint, which only the main node (rank 0) wrote.
-    assert not (worker_cwd / "runs").exists()
-    (checkpoint,) = glob.glob(os.path.join(run_dir, "checkpoints", "iteration-0000002.pt"))
-    agent = multigpu.Agent(4)
-    agent.load_state_dict(torch.load(checkpoint, weights_only=True)["model"])
-    assert multigpu.parameter_digest(agent) == digests[0]["digest"]
+    # ... and they are the weights of the final checkpoint, which each node, on a disk of its own, wrote.
+    (worker_run_dir,) = run_dirs(worker_cwd)
+    assert os.path.basename(worker_run_dir) == os.path.basename(run_dir)
+    for folder in (run_dir, worker_run_dir):
+        (checkpoint,) = glob.glob(os.path.join(folder, "checkpoints", "iteration-0000002.pt"))
+        agent = multigpu.Agent(4)
+        agent.load_state_dict(torch.load(checkpoint, weights_only=True)["model"])
+        assert multigpu.parameter_digest(agent) == digests[0]["digest"]
 
 
 def test_a_job_killed_after_a_checkpoint_resumes_its_run_when_batch_runs_it_again(tmp_path_factory):
