@@ -89,9 +89,9 @@ class Args:
     """the number of parallel game environments"""
     n_atoms: int = 51
     """the number of atoms of the return distribution"""
-    v_min: float = -10
+    v_min: float = -10.0
     """the return of the lowest atom"""
-    v_max: float = 10
+    v_max: float = 10.0
     """the return of the highest atom"""
     buffer_size: int = 1_000_000
     """the replay memory size, in env steps (all envs together; each env keeps buffer_size / num_envs)"""
