@@ -14,7 +14,7 @@ needs, done from outside the file by `run-cleanrl` (below):
 Their replay buffer and Atari wrappers come from the checkout's `cleanrl_utils/` or Stable-Baselines3
 (`pip install stable-baselines3`), as each script imports them.
 
-Pairs: dqn (CartPole), dqn_atari (Breakout), sac (HalfCheetah), ppo_atari (Breakout, fp32; ppo_atari_bf16
+Pairs: dqn (CartPole), dqn_atari (Breakout), c51_atari (Breakout), sac (HalfCheetah), ppo_atari (Breakout, fp32; ppo_atari_bf16
 runs ours in bf16 against CleanRL's fp32), ppo_atari_envpool (Breakout-v5), ppo_atari_multigpu (Breakout,
 2 processes x 4 envs, each side's job under torchrun), ppo_continuous_action (HalfCheetah).
 
@@ -68,6 +68,13 @@ PAIRS = {
     # 2,000 random steps, then learning every 4th step; measured over its last 4,000 steps
     "dqn_atari": Pair(
         "dqn_atari",
+        ["--env-id", "BreakoutNoFrameskip-v4", "--total-timesteps", "8000", "--learning-starts", "2000"]
+        + ["--buffer-size", "10000"],
+        4_000,
+    ),
+    # the same for C51: 2,000 random steps, then learning every 4th step; measured over its last 4,000 steps
+    "c51_atari": Pair(
+        "c51_atari",
         ["--env-id", "BreakoutNoFrameskip-v4", "--total-timesteps", "8000", "--learning-starts", "2000"]
         + ["--buffer-size", "10000"],
         4_000,
