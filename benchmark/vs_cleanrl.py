@@ -14,9 +14,9 @@ needs, done from outside the file by `run-cleanrl` (below):
 Their replay buffer and Atari wrappers come from the checkout's `cleanrl_utils/` or Stable-Baselines3
 (`pip install stable-baselines3`), as each script imports them.
 
-Pairs: dqn (CartPole), dqn_atari (Breakout), c51_atari (Breakout), sac (HalfCheetah), ppo_atari (Breakout, fp32; ppo_atari_bf16
+Pairs: dqn (CartPole), dqn_atari (Breakout), sac (HalfCheetah), ppo_atari (Breakout, fp32; ppo_atari_bf16
 runs ours in bf16 against CleanRL's fp32), ppo_atari_envpool (Breakout-v5), ppo_atari_multigpu (Breakout,
-2 processes x 4 envs, each side's job under torchrun), ppo_continuous_action (HalfCheetah).
+2 processes x 4 envs, each side's job under torchrun), ppo_continuous_action (HalfCheetah), c51_atari (Breakout).
 
     python benchmark/vs_cleanrl.py --cleanrl-dir ~/cleanrl                 # every pair, 2 rounds
     python benchmark/vs_cleanrl.py --cleanrl-dir ~/cleanrl --pairs sac --parallel
