@@ -204,16 +204,16 @@ def test_the_network_gives_a_distribution_over_the_atoms_for_each_action():
 
 
 def test_the_greedy_action_has_the_highest_expected_return_not_the_likeliest_atom():
-    # Atoms -10, 0, 10. Action 0 holds the likeliest atom of all (0.7 on -10) but the lowest mean, -4;
-    # action 1 the likeliest atom of the means' order (0.6 on 0), mean 2; action 2 the highest mean, 3.
-    probs = [[0.7, 1e-9, 0.3], [0.1, 0.6, 0.3], [0.35, 1e-9, 0.65]]
+    # Atoms -10, 0, 10. Action 0's likeliest atom is the highest (0.55 on +10), its mean 1; action 1's mean is
+    # the highest, 3 (0.05, 0.6, 0.35); action 2 holds the likeliest atom of all (0.7 on -10), its mean -4.
+    probs = [[0.45, 1e-9, 0.55], [0.05, 0.6, 0.35], [0.7, 1e-9, 0.3]]
     q_network = network_with_logits(np.log(probs).tolist(), 3)
     obs = np.zeros((16, 4, 84, 84), np.uint8)
     with torch.no_grad():
         q_values = c51_atari.q_values(q_network(torch.from_numpy(obs[:1])), q_network.atoms)
-    np.testing.assert_allclose(q_values[0].numpy(), [-4.0, 2.0, 3.0], atol=1e-6)
+    np.testing.assert_allclose(q_values[0].numpy(), [1.0, 3.0, -4.0], atol=1e-6)
     rng = np.random.default_rng(0)
-    assert (c51_atari.epsilon_greedy(q_network, obs, 0.0, rng, "cpu") == 2).all()
+    assert (c51_atari.epsilon_greedy(q_network, obs, 0.0, rng, "cpu") == 1).all()
     assert set(c51_atari.epsilon_greedy(q_network, obs, 1.0, rng, "cpu").tolist()) == {0, 1, 2}
 
 
