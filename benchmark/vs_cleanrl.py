@@ -16,7 +16,8 @@ Their replay buffer and Atari wrappers come from the checkout's `cleanrl_utils/`
 
 Pairs: dqn (CartPole), dqn_atari (Breakout), sac (HalfCheetah), ppo_atari (Breakout, fp32; ppo_atari_bf16
 runs ours in bf16 against CleanRL's fp32), ppo_atari_envpool (Breakout-v5), ppo_atari_multigpu (Breakout,
-2 processes x 4 envs, each side's job under torchrun), ppo_continuous_action (HalfCheetah).
+2 processes x 4 envs, each side's job under torchrun), ppo_continuous_action (HalfCheetah),
+c51_atari (Breakout; c51_atari_bf16 runs ours in bf16).
 
     python benchmark/vs_cleanrl.py --cleanrl-dir ~/cleanrl                 # every pair, 2 rounds
     python benchmark/vs_cleanrl.py --cleanrl-dir ~/cleanrl --pairs sac --parallel
@@ -71,6 +72,20 @@ PAIRS = {
         ["--env-id", "BreakoutNoFrameskip-v4", "--total-timesteps", "8000", "--learning-starts", "2000"]
         + ["--buffer-size", "10000"],
         4_000,
+    ),
+    # the same for C51: 2,000 random steps, then learning every 4th step; measured over its last 4,000 steps
+    "c51_atari": Pair(
+        "c51_atari",
+        ["--env-id", "BreakoutNoFrameskip-v4", "--total-timesteps", "8000", "--learning-starts", "2000"]
+        + ["--buffer-size", "10000"],
+        4_000,
+    ),
+    "c51_atari_bf16": Pair(
+        "c51_atari",
+        ["--env-id", "BreakoutNoFrameskip-v4", "--total-timesteps", "8000", "--learning-starts", "2000"]
+        + ["--buffer-size", "10000"],
+        4_000,
+        ("--mixed-precision", "bf16"),
     ),
     # 12 iterations of 8 envs x 128 steps; the first three (start-up, oneDNN's first calls) left out: the first
     # SPS event at or past step 3,072 ends iteration 3, and the steady rate runs from there

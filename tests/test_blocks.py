@@ -16,9 +16,10 @@ MARK = "# this script"
 # gains a block joins its family's list.
 JAX = "ppo_atari_envpool_xla_jax_scan.py"
 ATARI_PPO = ["ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py"]  # torch PPO on Atari
-ATARI_TORCH = [*ATARI_PPO, "dqn_atari.py"]  # videos of env 0's games step by step, evaluation
+ATARI_TORCH = [*ATARI_PPO, "dqn_atari.py", "c51_atari.py"]  # videos of env 0's games step by step, evaluation
 ATARI = [*ATARI_TORCH, JAX]  # saved models, the evaluation's report
 WITH_CHECKPOINTS = [*ATARI_TORCH, JAX]
+FRAME_MEMORY = ["dqn_atari.py", "c51_atari.py"]  # the off-policy Atari scripts' replay memory, each frame once
 # gymnasium's RecordVideo records their videos; finish_logging hands the files to wandb.
 SMALL_SCRIPTS = ["ppo.py", "ppo_continuous_action.py", "sac_continuous_action.py"]
 ALL = [*ATARI, "dqn.py", *SMALL_SCRIPTS]
@@ -28,7 +29,7 @@ BLOCKS = {
     "Progress": ALL,
     "finish_logging": [*SMALL_SCRIPTS, "dqn.py"],
     "check_env_exists": ["dqn.py", "ppo_continuous_action.py", "sac_continuous_action.py"],
-    "warn_if_bf16_is_slow": ATARI_PPO,
+    "warn_if_bf16_is_slow": [*ATARI_PPO, "c51_atari.py"],
     "keep_freed_memory": ATARI_PPO,
     "acting_copy": ATARI_PPO,
     "capped_cubic": ATARI,
@@ -41,6 +42,8 @@ BLOCKS = {
     "RESUMABLE_CHANGES": WITH_CHECKPOINTS,
     "save_checkpoint": WITH_CHECKPOINTS,
     "load_checkpoint": WITH_CHECKPOINTS,
+    "FrameReplayBuffer": FRAME_MEMORY,
+    "MIN_SLOTS_PER_ENV": FRAME_MEMORY,
 }
 
 

@@ -11,6 +11,7 @@ import pytest
 import tyro
 from running import run_dirs, run_script
 
+import cleanrl.c51_atari as c51_atari
 import cleanrl.dqn as dqn
 import cleanrl.dqn_atari as dqn_atari
 import cleanrl.ppo as ppo
@@ -120,6 +121,26 @@ CLEANRL_OTHER_DEFAULTS = {
         buffer_size=1_000_000,
         target_network_frequency=1000,
         batch_size=32,
+        end_e=0.01,
+        exploration_fraction=0.10,
+        learning_starts=80_000,
+        train_frequency=4,
+    ),
+    c51_atari: dict(
+        **EXPERIMENT,
+        save_model=False,
+        env_id="BreakoutNoFrameskip-v4",
+        total_timesteps=10_000_000,
+        learning_rate=2.5e-4,
+        num_envs=1,
+        n_atoms=51,
+        v_min=-10,
+        v_max=10,
+        buffer_size=1_000_000,
+        gamma=0.99,
+        target_network_frequency=10_000,
+        batch_size=32,
+        start_e=1.0,
         end_e=0.01,
         exploration_fraction=0.10,
         learning_starts=80_000,

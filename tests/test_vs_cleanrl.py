@@ -136,7 +136,15 @@ def test_cleanrls_envpool_script_gets_the_old_gym_api_it_was_written_for(tmp_pat
 def test_bad_input_is_a_one_line_error(tmp_path):
     assert_user_error(run_tool("vs_cleanrl.py", "--cleanrl-dir", str(tmp_path), cwd=tmp_path), "checkout of CleanRL")
     os.makedirs(tmp_path / "cleanrl")
-    scripts = ("dqn", "dqn_atari", "sac_continuous_action", "ppo_atari", "ppo_atari_envpool", "ppo_atari_multigpu")
+    scripts = (
+        "dqn",
+        "dqn_atari",
+        "sac_continuous_action",
+        "ppo_atari",
+        "ppo_atari_envpool",
+        "ppo_atari_multigpu",
+        "c51_atari",
+    )
     for name in (*scripts, "ppo_continuous_action"):
         (tmp_path / "cleanrl" / f"{name}.py").write_text("")
     result = run_tool("vs_cleanrl.py", "--cleanrl-dir", str(tmp_path), "--rounds", "0", cwd=tmp_path)
