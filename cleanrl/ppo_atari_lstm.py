@@ -700,28 +700,29 @@ def load_model(path: str, device) -> tuple[nn.Module, dict]:
 
 
 def evaluate(agent: nn.Module, env_id: str, eval_episodes: int, device, args: Args, seed=0, video_folder=None) -> list:
-    """Plays `eval_episodes` whole games (all lives, unclipped score) with the agent's policy. Each env plays
-    a fixed quota of games: keeping the first games to finish would favour short (bad) ones."""
+    """Plays `eval_episodes` whole games (all lives, unclipped score) with the agent's policy, its LSTM state
+    carried from step to step and zeroed where training zeroes it: at a game's start and after a lost life.
+    Each env plays a fixed quota of games: keeping the first games to finish would favour short (bad) ones."""
     num_envs = min(8, eval_episodes)
     quota = [eval_episodes // num_envs + (i < eval_episodes % num_envs) for i in range(num_envs)]
-    envs = make_envs(env_id, num_envs, args.repeat_action_probability, args.max_episode_steps)  # this script
-    autocast = torch.autocast(device.type, torch.bfloat16, enabled=args.mixed_precision == "bf16")  # this script
+    envs = make_envs(env_id, num_envs, args.repeat_action_probability, args.max_episode_steps)
+    autocast = torch.autocast(device.type, torch.bfloat16, enabled=args.mixed_precision == "bf16")
     video = (
         VideoRecorder(video_folder, env_id, seed, args, schedule=lambda game: game < quota[0]) if video_folder else None
     )
     stats, returns = EpisodeStatistics(num_envs), [[] for _ in range(num_envs)]
-    obs, info = envs.reset(seed=seed)  # this script
-    lstm_state, start = agent.initial_state(num_envs), np.ones(num_envs, dtype=bool)  # this script
+    obs, info = envs.reset(seed=seed)
+    lstm_state, start, lives = agent.initial_state(num_envs), np.ones(num_envs, bool), info["lives"].copy()
     while any(len(r) < q for r, q in zip(returns, quota)):
-        with torch.inference_mode(), autocast:  # this script
-            obs_t, start_t = (torch.from_numpy(x).to(device)[None] for x in (obs, start))  # this script
-            action, _, _, _, lstm_state = agent.get_action_and_value(obs_t, start_t.float(), lstm_state)  # this script
-        action, lives = action[0].cpu().numpy(), info["lives"]  # this script
+        with torch.inference_mode(), autocast:
+            obs_t, start_t = (torch.from_numpy(x).to(device)[None] for x in (obs, start))
+            action, _, _, _, lstm_state = agent.get_action_and_value(obs_t, start_t.float(), lstm_state)
+        action = action[0].cpu().numpy()
         obs, reward, terminated, truncated, info = envs.step(action)
-        start = terminated | truncated | (info["lives"] < lives)  # this script: the state resets as in training
+        start, lives = terminated | truncated | (info["lives"] < lives), info["lives"].copy()
         if video is not None:
             video.step(action[0])
-        for i, episodic_return, _ in stats.step(reward, terminated | truncated):  # this script
+        for i, episodic_return, _ in stats.step(reward, terminated | truncated):
             if len(returns[i]) < quota[i]:
                 returns[i].append(episodic_return)
     envs.close()
