@@ -17,7 +17,7 @@ Their replay buffer and Atari wrappers come from the checkout's `cleanrl_utils/`
 Pairs: dqn (CartPole), dqn_atari (Breakout), sac (HalfCheetah), ppo_atari (Breakout, fp32; ppo_atari_bf16
 runs ours in bf16 against CleanRL's fp32), ppo_atari_envpool (Breakout-v5), ppo_atari_multigpu (Breakout,
 2 processes x 4 envs, each side's job under torchrun), ppo_continuous_action (HalfCheetah),
-c51_atari (Breakout; c51_atari_bf16 runs ours in bf16).
+c51_atari (Breakout; c51_atari_bf16 runs ours in bf16), ppo_atari_lstm (Breakout, the LSTM agent).
 
     python benchmark/vs_cleanrl.py --cleanrl-dir ~/cleanrl                 # every pair, 2 rounds
     python benchmark/vs_cleanrl.py --cleanrl-dir ~/cleanrl --pairs sac --parallel
@@ -97,6 +97,10 @@ PAIRS = {
         ("--mixed-precision", "bf16"),
     ),
     "ppo_atari_envpool": Pair("ppo_atari_envpool", ["--env-id", "Breakout-v5", "--total-timesteps", "12288"], 3_072),
+    # the LSTM agent, one frame a step: 12 iterations of 8 envs x 128 steps, the first three left out as above
+    "ppo_atari_lstm": Pair(
+        "ppo_atari_lstm", ["--env-id", "BreakoutNoFrameskip-v4", "--total-timesteps", "12288"], 3_072
+    ),
     # 2 processes of 4 envs under torchrun (gloo on CPU, one thread each), 12 iterations of 2 x 4 x 128 steps
     "ppo_atari_multigpu": Pair(
         "ppo_atari_multigpu",

@@ -15,7 +15,7 @@ MARK = "# this script"
 # Which scripts carry which block: the families, then the blocks each family shares. A script that
 # gains a block joins its family's list.
 JAX = "ppo_atari_envpool_xla_jax_scan.py"
-ATARI_PPO = ["ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py"]  # torch PPO on Atari
+ATARI_PPO = ["ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py", "ppo_atari_lstm.py"]  # torch PPO on Atari
 ATARI_TORCH = [*ATARI_PPO, "dqn_atari.py", "c51_atari.py"]  # videos of env 0's games step by step, evaluation
 ATARI = [*ATARI_TORCH, JAX]  # saved models, the evaluation's report
 WITH_CHECKPOINTS = [*ATARI_TORCH, JAX]
@@ -36,7 +36,7 @@ BLOCKS = {
     "VideoRecorder": ATARI_TORCH,
     "save_model": [*ATARI, "dqn.py"],
     "load_model": [*ATARI, "dqn.py"],
-    "evaluate": ATARI_TORCH,
+    "evaluate": [s for s in ATARI_TORCH if s != "ppo_atari_lstm.py"],  # the LSTM's carries and resets its state
     "run_evaluation": ATARI,
     "lock_run": WITH_CHECKPOINTS,
     "RESUMABLE_CHANGES": WITH_CHECKPOINTS,

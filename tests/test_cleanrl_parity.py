@@ -1,7 +1,7 @@
 """A CleanRL user's command lines work here: every flag of CleanRL's script of the same name is
 accepted, with the same meaning and default, except the differences each docs page lists.
 
-The defaults below are those of CleanRL's scripts (the `Args` dataclasses of ppo.py, ppo_atari.py,
+The defaults below are those of CleanRL's scripts (the `Args` dataclasses of ppo.py, ppo_atari.py, ppo_atari_lstm.py,
 ppo_atari_envpool.py, ppo_continuous_action.py, sac_continuous_action.py, dqn.py and dqn_atari.py in
 the vwxyzjn/cleanrl repository), written down as facts."""
 
@@ -17,6 +17,7 @@ import cleanrl.dqn_atari as dqn_atari
 import cleanrl.ppo as ppo
 import cleanrl.ppo_atari as ppo_atari
 import cleanrl.ppo_atari_envpool as ppo_atari_envpool
+import cleanrl.ppo_atari_lstm as ppo_atari_lstm
 import cleanrl.ppo_continuous_action as ppo_continuous_action
 import cleanrl.sac_continuous_action as sac_continuous_action
 
@@ -47,6 +48,14 @@ PPO_ALGORITHM = dict(
 CLEANRL_DEFAULTS = {
     ppo: dict(**EXPERIMENT, **PPO_ALGORITHM, env_id="CartPole-v1", total_timesteps=500_000, num_envs=4, clip_coef=0.2),
     ppo_atari: dict(
+        **EXPERIMENT,
+        **PPO_ALGORITHM,
+        env_id="BreakoutNoFrameskip-v4",
+        total_timesteps=10_000_000,
+        num_envs=8,
+        clip_coef=0.1,
+    ),
+    ppo_atari_lstm: dict(
         **EXPERIMENT,
         **PPO_ALGORITHM,
         env_id="BreakoutNoFrameskip-v4",

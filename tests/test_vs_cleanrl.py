@@ -144,6 +144,7 @@ def test_bad_input_is_a_one_line_error(tmp_path):
         "ppo_atari_envpool",
         "ppo_atari_multigpu",
         "c51_atari",
+        "ppo_atari_lstm",
     )
     for name in (*scripts, "ppo_continuous_action"):
         (tmp_path / "cleanrl" / f"{name}.py").write_text("")
