@@ -3,6 +3,7 @@ explored with Gaussian noise, a replay buffer checkpointed with the run, target 
 actor every `policy_frequency` steps, the saved policy and its evaluation. Each check takes the script's
 module (and, where the two differ, its critic's class name)."""
 
+import gc
 import glob
 import os
 import re
@@ -196,6 +197,22 @@ def assert_a_termination_is_stored_as_terminal(module, tmp_path, monkeypatch):
     np.testing.assert_array_equal(t, [i % 5 for i in range(40)])
     np.testing.assert_array_equal(rb.next_obs[:40, 0], t + 1)
     np.testing.assert_array_equal(rb.terminations[:40], (t == 4).astype(np.float32))
+
+
+def assert_videos_of_a_resumed_run_are_numbered_on(module, tmp_path):
+    """make_env(env_id, folder, first_episode): RecordVideo numbers the episodes from first_episode on (a resumed
+    run's env starts after the episodes its checkpoint had finished), so the first attempt's videos are not
+    overwritten with other episodes, and the schedule goes on (episode 27 is recorded, 28 not)."""
+    env = module.make_env("InvertedPendulum-v5", str(tmp_path / "videos"), 27)
+    env.reset(seed=0)
+    for _ in range(2):
+        done = False
+        while not done:
+            _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+            done = terminated or truncated
+        env.reset()
+    env.close()
+    assert os.listdir(tmp_path / "videos") == ["rl-video-episode-27.mp4"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -515,6 +532,7 @@ def assert_run_resumes_where_its_checkpoint_left_it(module, tmp_path, monkeypatc
     # The resumed run writes a checkpoint every 100 steps (how a run is saved may change): the one it was resumed
     # from is removed at step 500, and the run, which copied everything out of it, maps none of it.
     shutil.copy2(resumed_from, tmp_path / "kept_checkpoint")
+    gc.collect()  # the failed calls' tracebacks hold their frames, the loaded (mapped) checkpoint with them, in cycles
     mapped, watcher = mappings_once_removed(resumed_from)
     module.main(module.Args(**dict(run, checkpoint_every=100, progress_interval=0.0), resume="auto"))
     output, progress = capsys.readouterr()

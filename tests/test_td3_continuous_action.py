@@ -30,6 +30,7 @@ from deterministic_policies import (
     assert_td_targets_come_from_the_target_networks,
     assert_the_actor_climbs_the_critic,
     assert_update_schedule_matches_reference,
+    assert_videos_of_a_resumed_run_are_numbered_on,
     bad_input_id,
     targets_from_the_first_learning_step,
 )
@@ -276,6 +277,14 @@ def test_track_creates_a_wandb_run(short_run):
 def test_capture_video_records_episodes_0_1_8_and_uploads_them(short_run):
     cwd, _, _ = short_run
     assert_episodes_0_1_8_recorded_and_uploaded(cwd)
+
+
+@pytest.mark.skipif(
+    mujoco_offscreen_rendering_error() is not None,
+    reason=f"MuJoCo cannot render offscreen here: {mujoco_offscreen_rendering_error()}",
+)
+def test_the_videos_of_a_resumed_run_are_numbered_on_from_its_checkpoints_episodes(tmp_path):
+    assert_videos_of_a_resumed_run_are_numbered_on(td3, tmp_path)
 
 
 def test_progress_follows_the_convention(monkeypatch):
