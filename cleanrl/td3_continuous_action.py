@@ -9,6 +9,7 @@ videos, and evaluation of a saved model. Docs: docs/td3_continuous_action.md
 """
 
 import copy
+import ctypes
 import fcntl
 import glob
 import hashlib
@@ -238,6 +239,7 @@ def main(args: Args):
     # torch's threads: OMP_NUM_THREADS when set (benchmark/run.py sets it for runs that share the cores: beside
     # other processes a second thread's spin-waits made an update 17x slower), else one per core.
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    keep_freed_memory()  # each update's batch-sized tensors come back to the same pages
 
     if args.eval_checkpoint is not None:  # no training: play the saved policy's episodes
         actor, saved_args = load_policy(args.eval_checkpoint, device)  # a bad file fails before any output
@@ -430,6 +432,19 @@ def check_args(args: Args):
         fail(f"--learning-starts {args.learning_starts} leaves no step to learn: raise --total-timesteps")
     if not (0.0 < args.tau <= 1.0 and 0.0 <= args.gamma <= 1.0):
         fail(f"--tau must be in (0, 1] and --gamma in [0, 1], got {args.tau}, {args.gamma}")
+
+
+def keep_freed_memory():
+    # glibc gives each large freed block back to the OS, and the next minibatch faults it in again page
+    # by page: kept for reuse instead, a CPU iteration is up to 1.1x faster in fp32, 1.1-1.2x in bf16, with
+    # the same peak memory. As MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=2147483647; no-op without glibc.
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's <malloc.h>
+    libc.mallopt(M_MMAP_MAX, 0)  # large blocks come from the heap, not a mapping of their own ...
+    libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)  # ... and the heap's free top is kept, not trimmed
 
 
 def start_logging(args: Args, run_name: str, checkpoint: dict | None) -> SummaryWriter:

@@ -30,7 +30,7 @@ BLOCKS = {
     "finish_logging": [*SMALL_SCRIPTS, "dqn.py"],
     "check_env_exists": ["dqn.py", "ppo_continuous_action.py", "sac_continuous_action.py", *DETERMINISTIC_POLICIES],
     "warn_if_bf16_is_slow": ATARI_PPO,
-    "keep_freed_memory": ATARI_PPO,
+    "keep_freed_memory": [*ATARI_PPO, *DETERMINISTIC_POLICIES],
     "acting_copy": ATARI_PPO,
     "capped_cubic": ATARI,
     "VideoRecorder": ATARI_TORCH,

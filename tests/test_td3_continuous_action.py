@@ -36,6 +36,7 @@ from deterministic_policies import (
 )
 from run_outputs import (
     assert_episodes_0_1_8_recorded_and_uploaded,
+    assert_freed_memory_is_kept,
     assert_progress_follows_the_convention,
     mujoco_offscreen_rendering_error,
     progress_steps,
@@ -285,6 +286,10 @@ def test_capture_video_records_episodes_0_1_8_and_uploads_them(short_run):
 )
 def test_the_videos_of_a_resumed_run_are_numbered_on_from_its_checkpoints_episodes(tmp_path):
     assert_videos_of_a_resumed_run_are_numbered_on(td3, tmp_path)
+
+
+def test_freed_memory_is_kept_for_the_next_update():
+    assert_freed_memory_is_kept(td3)  # the same block in ddpg_continuous_action.py (tests/test_blocks.py)
 
 
 def test_progress_follows_the_convention(monkeypatch):
