@@ -14,7 +14,7 @@ needs, done from outside the file by `run-cleanrl` (below):
 Their replay buffer and Atari wrappers come from the checkout's `cleanrl_utils/` or Stable-Baselines3
 (`pip install stable-baselines3`), as each script imports them.
 
-Pairs: dqn (CartPole), dqn_atari (Breakout), sac (HalfCheetah), ppo_atari (Breakout, fp32; ppo_atari_bf16
+Pairs: dqn (CartPole), dqn_atari (Breakout), sac, td3, ddpg (HalfCheetah), ppo_atari (Breakout, fp32; ppo_atari_bf16
 runs ours in bf16 against CleanRL's fp32), ppo_atari_envpool (Breakout-v5), ppo_atari_multigpu (Breakout,
 2 processes x 4 envs, each side's job under torchrun), ppo_continuous_action (HalfCheetah),
 c51_atari (Breakout; c51_atari_bf16 runs ours in bf16), ppo_atari_lstm (Breakout, the LSTM agent).
@@ -66,6 +66,17 @@ PAIRS = {
     # window from step 25,000 holds its last 5,000 steps of decay (0.06 on average instead of 0.05), both sides alike
     "dqn": Pair("dqn", ["--env-id", "CartPole-v1", "--total-timesteps", "60000"], 25_000),
     "sac": Pair("sac_continuous_action", ["--env-id", "HalfCheetah-v5", "--total-timesteps", "9000"], 5_500),
+    # CleanRL's 25,000 random steps brought down to SAC's 5,000 on both sides: then learning, the same window
+    "td3": Pair(
+        "td3_continuous_action",
+        ["--env-id", "HalfCheetah-v5", "--total-timesteps", "9000", "--learning-starts", "5000"],
+        5_500,
+    ),
+    "ddpg": Pair(
+        "ddpg_continuous_action",
+        ["--env-id", "HalfCheetah-v5", "--total-timesteps", "9000", "--learning-starts", "5000"],
+        5_500,
+    ),
     # 2,000 random steps, then learning every 4th step; measured over its last 4,000 steps
     "dqn_atari": Pair(
         "dqn_atari",

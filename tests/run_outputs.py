@@ -269,12 +269,12 @@ def assert_progress_line_per_iteration(stderr: str, scalars: dict, batch_size: i
         assert recent == (f"{np.mean(returns):.2f}" if returns else "-")
 
 
-def run_tracked_on_inverted_pendulum(script: str, *args: str, cwd):
+def run_tracked_on_inverted_pendulum(script: str, *args: str, cwd, env: dict | None = None):
     """A --track run of a MuJoCo script with `args` on InvertedPendulum-v5 (random play falls within a few
     steps: whole episodes are quick to render in software), with --capture-video where MuJoCo can render
     offscreen: the run whose videos assert_episodes_0_1_8_recorded_and_uploaded checks."""
     video = [] if mujoco_offscreen_rendering_error() else ["--capture-video"]
-    return run_tracked(script, "--env-id", "InvertedPendulum-v5", *args, *video, cwd=cwd)
+    return run_tracked(script, "--env-id", "InvertedPendulum-v5", *args, *video, cwd=cwd, env=env)
 
 
 def assert_episodes_0_1_8_recorded_and_uploaded(run_folder):
@@ -282,9 +282,9 @@ def assert_episodes_0_1_8_recorded_and_uploaded(run_folder):
     schedule) recorded env 0's episodes 0, 1 and 8, not 2, and the same files reached the offline
     wandb run."""
     paths = glob.glob(os.path.join(str(run_folder), "videos", "*", "*.mp4"))
-    videos = sorted(os.path.basename(v) for v in paths)
+    videos = sorted((os.path.basename(v) for v in paths), key=lambda name: int(re.sub(r"\D", "", name)))  # 8 before 27
     assert videos[:3] == ["rl-video-episode-0.mp4", "rl-video-episode-1.mp4", "rl-video-episode-8.mp4"]
     assert "rl-video-episode-2.mp4" not in videos
     assert all(os.path.getsize(v) > 1000 for v in paths)
     uploaded = glob.glob(os.path.join(str(run_folder), "wandb", "offline-run-*", "files", "videos", "*", "*.mp4"))
-    assert sorted(os.path.basename(v) for v in uploaded) == videos
+    assert sorted(os.path.basename(v) for v in uploaded) == sorted(videos)

@@ -18,19 +18,20 @@ JAX = "ppo_atari_envpool_xla_jax_scan.py"
 ATARI_PPO = ["ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py", "ppo_atari_lstm.py"]  # torch PPO on Atari
 ATARI_TORCH = [*ATARI_PPO, "dqn_atari.py", "c51_atari.py"]  # videos of env 0's games step by step, evaluation
 ATARI = [*ATARI_TORCH, JAX]  # saved models, the evaluation's report
-WITH_CHECKPOINTS = [*ATARI_TORCH, JAX]
+DETERMINISTIC_POLICIES = ["td3_continuous_action.py", "ddpg_continuous_action.py"]  # MuJoCo, replay buffer checkpointed
+WITH_CHECKPOINTS = [*ATARI_TORCH, JAX, *DETERMINISTIC_POLICIES]
 FRAME_MEMORY = ["dqn_atari.py", "c51_atari.py"]  # the off-policy Atari scripts' replay memory, each frame once
 # gymnasium's RecordVideo records their videos; finish_logging hands the files to wandb.
-SMALL_SCRIPTS = ["ppo.py", "ppo_continuous_action.py", "sac_continuous_action.py"]
+SMALL_SCRIPTS = ["ppo.py", "ppo_continuous_action.py", "sac_continuous_action.py", *DETERMINISTIC_POLICIES]
 ALL = [*ATARI, "dqn.py", *SMALL_SCRIPTS]
 BLOCKS = {
     "fail": ALL,
     "start_logging": ALL,
     "Progress": ALL,
     "finish_logging": [*SMALL_SCRIPTS, "dqn.py"],
-    "check_env_exists": ["dqn.py", "ppo_continuous_action.py", "sac_continuous_action.py"],
+    "check_env_exists": ["dqn.py", "ppo_continuous_action.py", "sac_continuous_action.py", *DETERMINISTIC_POLICIES],
     "warn_if_bf16_is_slow": [*ATARI_PPO, "c51_atari.py"],
-    "keep_freed_memory": ATARI_PPO,
+    "keep_freed_memory": [*ATARI_PPO, *DETERMINISTIC_POLICIES],
     "acting_copy": ATARI_PPO,
     "capped_cubic": ATARI,
     "VideoRecorder": ATARI_TORCH,
@@ -44,6 +45,9 @@ BLOCKS = {
     "load_checkpoint": WITH_CHECKPOINTS,
     "FrameReplayBuffer": FRAME_MEMORY,
     "MIN_SLOTS_PER_ENV": FRAME_MEMORY,
+    **dict.fromkeys(
+        ["make_env", "ReplayBuffer", "save_policy", "load_policy", "evaluate_policy"], DETERMINISTIC_POLICIES
+    ),
 }
 
 

@@ -20,6 +20,7 @@ import cleanrl.ppo_atari_envpool as ppo_atari_envpool
 import cleanrl.ppo_atari_lstm as ppo_atari_lstm
 import cleanrl.ppo_continuous_action as ppo_continuous_action
 import cleanrl.sac_continuous_action as sac_continuous_action
+from cleanrl import ddpg_continuous_action, td3_continuous_action
 
 EXPERIMENT = dict(
     seed=1,
@@ -89,6 +90,20 @@ CLEANRL_DEFAULTS = {
     ),
 }
 DQN_ALGORITHM = dict(num_envs=1, gamma=0.99, tau=1.0, start_e=1.0, save_model=False)
+# TD3's and DDPG's: the same, but for TD3's target policy smoothing (its --num-envs is not offered).
+DDPG_ALGORITHM = dict(
+    save_model=False,
+    env_id="Hopper-v4",
+    total_timesteps=1_000_000,
+    learning_rate=3e-4,
+    buffer_size=1_000_000,
+    gamma=0.99,
+    tau=0.005,
+    batch_size=256,
+    exploration_noise=0.1,
+    learning_starts=25_000,
+    policy_frequency=2,
+)
 # Other algorithms: their own flags.
 CLEANRL_OTHER_DEFAULTS = {
     sac_continuous_action: dict(
@@ -107,6 +122,8 @@ CLEANRL_OTHER_DEFAULTS = {
         alpha=0.2,
         autotune=True,
     ),
+    td3_continuous_action: dict(**EXPERIMENT, **DDPG_ALGORITHM, policy_noise=0.2, noise_clip=0.5),
+    ddpg_continuous_action: dict(**EXPERIMENT, **DDPG_ALGORITHM),
     dqn: dict(
         **EXPERIMENT,
         **DQN_ALGORITHM,
@@ -161,6 +178,8 @@ DIFFERENT_DEFAULTS = {
     ppo_atari_envpool: {"env_id": "Breakout-v5"},  # one game for all the Atari scripts
     ppo_continuous_action: {"env_id": "HalfCheetah-v5"},  # gymnasium 1.x's MuJoCo tasks
     sac_continuous_action: {"env_id": "HalfCheetah-v5"},
+    td3_continuous_action: {"env_id": "HalfCheetah-v5"},
+    ddpg_continuous_action: {"env_id": "HalfCheetah-v5"},
 }
 
 

@@ -11,6 +11,7 @@ import pytest
 from running import assert_user_error, copy_of_tool, fake_sps_scripts, run_tool
 
 from benchmark.run import cpu_model
+from benchmark.vs_cleanrl import PAIRS
 
 # A script in CleanRL's manner: a SyncVectorEnv, episodes logged from infos["final_info"], the real last
 # observation from infos["final_observation"]. CartPole with action 1 only falls within a few steps
@@ -136,17 +137,7 @@ def test_cleanrls_envpool_script_gets_the_old_gym_api_it_was_written_for(tmp_pat
 def test_bad_input_is_a_one_line_error(tmp_path):
     assert_user_error(run_tool("vs_cleanrl.py", "--cleanrl-dir", str(tmp_path), cwd=tmp_path), "checkout of CleanRL")
     os.makedirs(tmp_path / "cleanrl")
-    scripts = (
-        "dqn",
-        "dqn_atari",
-        "sac_continuous_action",
-        "ppo_atari",
-        "ppo_atari_envpool",
-        "ppo_atari_multigpu",
-        "c51_atari",
-        "ppo_atari_lstm",
-    )
-    for name in (*scripts, "ppo_continuous_action"):
+    for name in {pair.script for pair in PAIRS.values()}:  # every pair's CleanRL script is there
         (tmp_path / "cleanrl" / f"{name}.py").write_text("")
     result = run_tool("vs_cleanrl.py", "--cleanrl-dir", str(tmp_path), "--rounds", "0", cwd=tmp_path)
     assert_user_error(result, "--rounds")
