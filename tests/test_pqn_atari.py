@@ -39,11 +39,12 @@ from running import (
 
 import cleanrl.pqn_atari as pqn_atari
 
-# A short run: 2 envs x 128 steps, 4 iterations. Random play finishes a few Breakout games in it, and
-# epsilon stays high enough (it falls to 0.5 over the run) for an untrained network's games to end.
-SHORT_RUN = ["--num-envs", "2", "--num-steps", "128", "--total-timesteps", "1024", "--end-e", "0.5"]
+# A short run: 2 envs x 128 steps, 4 iterations of 2 updates. Random play finishes a few Breakout games in
+# it, and epsilon stays high enough (it falls to 0.5) for an untrained network's games to end.
+FEW_UPDATES = ["--num-minibatches", "2", "--update-epochs", "1"]
+SHORT_RUN = ["--num-envs", "2", "--num-steps", "128", *FEW_UPDATES, "--total-timesteps", "1024", "--end-e", "0.5"]
 # One iteration of the same.
-ONE_ITERATION = ["--num-envs", "2", "--num-steps", "128", "--total-timesteps", "256"]
+ONE_ITERATION = ["--num-envs", "2", "--num-steps", "128", *FEW_UPDATES, "--total-timesteps", "256"]
 # Every tag pqn_atari.py promises to log.
 PQN_TAGS = [
     "charts/episodic_return",
@@ -263,7 +264,7 @@ def test_rollout_targets_are_built_from_what_the_envs_did_and_the_latest_weights
             return networks[0](torch.from_numpy(obs)).max(dim=1).values
 
     def q_lambda_returns(rewards, values, dones, next_value, gamma, q_lambda):
-        envs, first = made[0], len(checked) * args.num_steps  # this iteration's first step
+        envs, first = made[0], checked.count("iteration") * args.num_steps  # this iteration's first step
         lives = envs.steps[first - 1][3]["lives"] if first else np.full(args.num_envs, 5)
         for t in range(args.num_steps):
             reward, terminated, truncated, info = envs.steps[first + t]
@@ -428,7 +429,7 @@ def test_corrupt_checkpoint_is_a_one_line_error(tmp_path, monkeypatch):
 # Checkpoints and resume
 # ---------------------------------------------------------------------------------------------
 def test_a_resumed_run_restores_its_state_and_goes_on_in_its_directory(tmp_path, monkeypatch, capsys):
-    args = dict(num_envs=2, num_steps=128, end_e=0.5, eval_epsilon=0.5, cuda=False)
+    args = dict(num_envs=2, num_steps=128, num_minibatches=2, update_epochs=1, end_e=0.5, eval_epsilon=0.5, cuda=False)
     assert_run_resumes_where_its_checkpoint_left_it(
         pqn_atari, tmp_path, monkeypatch, capsys, args, changed=("q_lambda", 0.5), loss_tag="losses/td_loss"
     )
