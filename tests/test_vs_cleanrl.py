@@ -137,7 +137,7 @@ def test_bad_input_is_a_one_line_error(tmp_path):
     assert_user_error(run_tool("vs_cleanrl.py", "--cleanrl-dir", str(tmp_path), cwd=tmp_path), "checkout of CleanRL")
     os.makedirs(tmp_path / "cleanrl")
     scripts = ("dqn", "dqn_atari", "sac_continuous_action", "ppo_atari", "ppo_atari_envpool", "ppo_atari_multigpu")
-    for name in (*scripts, "ppo_continuous_action"):
+    for name in (*scripts, "ppo_continuous_action", "pqn_atari_envpool"):
         (tmp_path / "cleanrl" / f"{name}.py").write_text("")
     result = run_tool("vs_cleanrl.py", "--cleanrl-dir", str(tmp_path), "--rounds", "0", cwd=tmp_path)
     assert_user_error(result, "--rounds")
