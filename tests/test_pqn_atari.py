@@ -12,9 +12,9 @@ from checkpoints import (
     assert_the_newest_checkpoints_are_kept_by_their_number,
 )
 from evaluation import (
+    assert_evaluation_printed,
     assert_evaluation_warns_when_emulator_settings_differ,
     assert_saved_model_loads_identically,
-    evaluate_saved_model,
     train_and_save_a_model,
 )
 from fake_envs import recording_make_envs
@@ -38,6 +38,18 @@ from running import (
 )
 
 import cleanrl.pqn_atari as pqn_atari
+
+# One torch thread in the runs of these tests: the test machine is shared (CI runs 2 test processes on 2
+# cores), where two threads per process spin-wait each other out (an evaluation measured 20x slower).
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread(monkeypatch):
+    """The runs this process starts and its own main() calls use one thread (conftest restores torch's)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+
 
 # A short run: 2 envs x 128 steps, 4 iterations of 2 updates. Random play finishes a few Breakout games in
 # it, and epsilon stays high enough (it falls to 0.5) for an untrained network's games to end.
@@ -300,7 +312,8 @@ def short_run(tmp_path_factory):
     """One short run for the tests of what a run logs, records, uploads and prints: videos on,
     tracked (wandb offline), a progress line every iteration."""
     cwd = tmp_path_factory.mktemp("short_run")
-    return cwd, run_tracked("pqn_atari.py", *SHORT_RUN, "--capture-video", "--progress-interval", "0", cwd=cwd)
+    video_run = [*SHORT_RUN, "--capture-video", "--progress-interval", "0"]
+    return cwd, run_tracked("pqn_atari.py", *video_run, cwd=cwd, env=ONE_THREAD)
 
 
 def test_short_training_run_logs_every_tag_for_every_iteration(short_run):
@@ -337,11 +350,14 @@ def test_progress_follows_the_convention(monkeypatch):
 # Saved models and evaluation
 # ---------------------------------------------------------------------------------------------
 def test_save_then_evaluate_round_trip(tmp_path):
+    # An untrained network's greedy games are long (it seldom serves the ball): the games explore more.
+    evaluation = ["--eval-episodes", "2", "--eval-epsilon", "0.5"]
     result, model_path = train_and_save_a_model(
-        "pqn_atari.py", *ONE_ITERATION, "--mixed-precision", "bf16", "--eval-episodes", "2", cwd=tmp_path
+        "pqn_atari.py", *ONE_ITERATION, "--mixed-precision", "bf16", *evaluation, cwd=tmp_path
     )
     assert result.stdout.count("eval_episode=") == 2
-    evaluate_saved_model("pqn_atari.py", model_path, 3, cwd=tmp_path)
+    result = run_script("pqn_atari.py", "--eval-checkpoint", model_path, *evaluation, cwd=tmp_path)
+    assert_evaluation_printed(result, 2)
 
 
 def test_evaluation_warns_when_emulator_settings_differ_from_training(tmp_path):
@@ -356,13 +372,13 @@ def test_evaluation_plays_the_requested_number_of_whole_games(monkeypatch):
     made = recording_make_envs(pqn_atari, monkeypatch)
     q_network = pqn_atari.QNetwork(4)
     args = pqn_atari.Args(eval_epsilon=0.5)  # an untrained greedy network may never serve the ball
-    returns = pqn_atari.evaluate(q_network, "BreakoutNoFrameskip-v4", 3, torch.device("cpu"), args, seed=1)
-    assert len(returns) == 3 and all(r >= 0 for r in returns)
-    # Each of the 3 envs played one game to its end: all 5 lives lost, no time limit, and the
+    returns = pqn_atari.evaluate(q_network, "BreakoutNoFrameskip-v4", 2, torch.device("cpu"), args, seed=1)
+    assert len(returns) == 2 and all(r >= 0 for r in returns)
+    # Each of the 2 envs played one game to its end: all 5 lives lost, no time limit, and the
     # returns are those games' whole scores.
     (envs,) = made
-    lives = np.full(3, 5)
-    for env in range(3):
+    lives = np.full(2, 5)
+    for env in range(2):
         drops, score = 0, 0.0
         for reward, terminated, truncated, info in envs.steps:
             assert not truncated[env]
