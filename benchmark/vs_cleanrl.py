@@ -324,7 +324,7 @@ def main():
         pair = PAIRS[row["pair"]]
         script = f"`{pair.script}.py`" + (f" (ours with `{' '.join(pair.ours_only)}`)" if pair.ours_only else "")
         script += f", {pair.torchrun} processes under torchrun" if pair.torchrun else ""
-        script += f" (CleanRL's `{pair.cleanrl_file}`)" if pair.cleanrl_script else ""
+        script += f", against CleanRL's `{pair.cleanrl_file}`" if pair.cleanrl_script else ""
         figures = f"{row['cleanrl_sps']:,.0f} | {row['ours_sps']:,.0f} | {row['speedup']:.2f}x"
         print(f"| {script} | {task} | {row['processes']} | {figures} |")
     if cli.json:
