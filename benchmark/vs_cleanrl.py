@@ -17,7 +17,8 @@ Their replay buffer and Atari wrappers come from the checkout's `cleanrl_utils/`
 Pairs: dqn (CartPole), dqn_atari (Breakout), sac, td3, ddpg (HalfCheetah), ppo_atari (Breakout, fp32; ppo_atari_bf16
 runs ours in bf16 against CleanRL's fp32), ppo_atari_envpool (Breakout-v5), ppo_atari_multigpu (Breakout,
 2 processes x 4 envs, each side's job under torchrun), ppo_continuous_action (HalfCheetah),
-c51_atari (Breakout; c51_atari_bf16 runs ours in bf16), ppo_atari_lstm (Breakout, the LSTM agent).
+c51_atari (Breakout; c51_atari_bf16 runs ours in bf16), ppo_atari_lstm (Breakout, the LSTM agent), pqn_atari
+(Breakout-v5, against CleanRL's pqn_atari_envpool.py; pqn_atari_bf16 runs ours in bf16).
 
     python benchmark/vs_cleanrl.py --cleanrl-dir ~/cleanrl                 # every pair, 2 rounds
     python benchmark/vs_cleanrl.py --cleanrl-dir ~/cleanrl --pairs sac --parallel
@@ -59,6 +60,11 @@ class Pair:
     measure_from: int  # steady SPS from the first SPS event at or after this step
     ours_only: tuple[str, ...] = ()  # arguments for our script alone (a precision CleanRL's has not)
     torchrun: int = 0  # the processes of one run under torchrun (each side's own data-parallel job); 0: plain python
+    cleanrl_script: str = ""  # CleanRL's file name where it is not `script`
+
+    @property
+    def cleanrl_file(self) -> str:
+        return f"{self.cleanrl_script or self.script}.py"
 
 
 PAIRS = {
@@ -122,6 +128,21 @@ PAIRS = {
     # 10 iterations of 2048 steps, the first two left out (the window starts at the end of iteration 2)
     "ppo_continuous_action": Pair(
         "ppo_continuous_action", ["--env-id", "HalfCheetah-v5", "--total-timesteps", "20480"], 4_096
+    ),
+    # CleanRL's PQN runs on envpool (Breakout-v5, the name both take); 12 iterations of 8 envs x 128 steps as
+    # ppo_atari's pair, the first three left out
+    "pqn_atari": Pair(
+        "pqn_atari",
+        ["--env-id", "Breakout-v5", "--total-timesteps", "12288"],
+        3_072,
+        cleanrl_script="pqn_atari_envpool",
+    ),
+    "pqn_atari_bf16": Pair(
+        "pqn_atari",
+        ["--env-id", "Breakout-v5", "--total-timesteps", "12288"],
+        3_072,
+        ("--mixed-precision", "bf16"),
+        cleanrl_script="pqn_atari_envpool",
     ),
 }
 
@@ -242,7 +263,7 @@ def env_info(batched: dict, i: int) -> dict:
 def command(side: str, pair: Pair, cleanrl_dir: str, seed: int) -> list[str]:
     launcher = [TORCHRUN, "--standalone", f"--nproc-per-node={pair.torchrun}"] if pair.torchrun else [sys.executable]
     if side == "cleanrl":
-        script = os.path.join(cleanrl_dir, "cleanrl", f"{pair.script}.py")
+        script = os.path.join(cleanrl_dir, "cleanrl", pair.cleanrl_file)
         return [*launcher, os.path.abspath(__file__), "run-cleanrl", script, *pair.args, "--seed", str(seed)]
     ours = os.path.join(REPO_ROOT, "cleanrl", f"{pair.script}.py")
     return [*launcher, ours, *pair.args, *pair.ours_only, "--seed", str(seed)]
@@ -294,7 +315,7 @@ def main():
     parser.add_argument("--json", help="also write the rows and every round's figures to this file")
     cli = parser.parse_args()
     for name in cli.pairs:
-        path = os.path.join(cli.cleanrl_dir, "cleanrl", f"{PAIRS[name].script}.py")
+        path = os.path.join(cli.cleanrl_dir, "cleanrl", PAIRS[name].cleanrl_file)
         if not os.path.isfile(path):
             parser.exit(2, f"error: {path} does not exist: --cleanrl-dir must be a checkout of CleanRL\n")
     if cli.rounds < 1:
@@ -333,6 +354,7 @@ def main():
         pair = PAIRS[row["pair"]]
         script = f"`{pair.script}.py`" + (f" (ours with `{' '.join(pair.ours_only)}`)" if pair.ours_only else "")
         script += f", {pair.torchrun} processes under torchrun" if pair.torchrun else ""
+        script += f", against CleanRL's `{pair.cleanrl_file}`" if pair.cleanrl_script else ""
         figures = f"{row['cleanrl_sps']:,.0f} | {row['ours_sps']:,.0f} | {row['speedup']:.2f}x"
         print(f"| {script} | {task} | {row['processes']} | {figures} |")
     if cli.json:

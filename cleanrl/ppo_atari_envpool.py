@@ -222,11 +222,11 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), value
 
 
-def acting_copy(agent: Agent, dtype: torch.dtype) -> Agent:
+def acting_copy(agent: Agent, dtype: torch.dtype) -> Agent:  # this script
     """A copy of the agent for acting only: its conv body stored in dtype, its heads in fp32 as under
     autocast. Refreshed with `load_state_dict(agent.state_dict())`, which casts, before each rollout."""
     acting = copy.deepcopy(agent).requires_grad_(False)
-    acting.network.to(dtype)
+    acting.network.to(dtype)  # this script
     return acting
 
 

@@ -13,7 +13,15 @@ from running import assert_main_fails_with, read_scalars, run_dirs
 
 
 def assert_run_resumes_where_its_checkpoint_left_it(
-    module, tmp_path, monkeypatch, capsys, args: dict, extension: str = "pt", final_state_check=None
+    module,
+    tmp_path,
+    monkeypatch,
+    capsys,
+    args: dict,
+    extension: str = "pt",
+    final_state_check=None,
+    changed: tuple[str, object] = ("clip_coef", 0.2),
+    loss_tag: str = "losses/value_loss",
 ) -> str:
     """A PPO script's run of 4 iterations with a checkpoint every 2 loses its last checkpoint (the machine
     went away after iteration 4 was logged, before its checkpoint was written). A second process cannot
@@ -22,7 +30,8 @@ def assert_run_resumes_where_its_checkpoint_left_it(
     rate annealed over the whole run, no game twice, Adam's moments carried on, the same numbers when the
     same checkpoint is resumed again, and the weights of a
     checkpoint restored bit for bit (`final_state_check(checkpoint_path, model_path)`: the torch scripts'
-    check by default; `extension`: the checkpoint files'). Returns the resumed run's output."""
+    check by default; `extension`: the checkpoint files'). `changed`: a hyperparameter and another value of
+    it, which the resume must refuse; `loss_tag`: a loss logged every iteration. Returns the resumed run's output."""
     monkeypatch.chdir(tmp_path)
     batch = args["num_envs"] * args["num_steps"]
     run = dict(args, total_timesteps=4 * batch, checkpoint_every=2)
@@ -37,8 +46,11 @@ def assert_run_resumes_where_its_checkpoint_left_it(
     lock = module.lock_run(checkpoints)  # a process still running the run
     assert_main_fails_with(module.main, module.Args(**run, resume="auto"), "checkpoints is in use")
     lock.close()
+    name, other_value = changed
     assert_main_fails_with(
-        module.main, module.Args(**dict(run, clip_coef=0.2), resume="auto"), "the checkpoint's run has clip_coef=0.1"
+        module.main,
+        module.Args(**dict(run, **{name: other_value}), resume="auto"),
+        f"the checkpoint's run has {name}={getattr(module.Args(**run), name)!r}",
     )
     missing = os.path.join(checkpoints, "iteration-0000009.pt")
     assert_main_fails_with(module.main, module.Args(**run, resume=missing), "no such checkpoint file")
@@ -54,7 +66,7 @@ def assert_run_resumes_where_its_checkpoint_left_it(
     assert run_dirs(tmp_path) == [run_dir], "the resumed run goes on in its own directory"
     scalars = read_scalars(run_dir)
     iteration_steps = [batch * i for i in range(1, 5)]
-    for tag in ("losses/value_loss", "charts/learning_rate", "charts/SPS"):
+    for tag in (loss_tag, "charts/learning_rate", "charts/SPS"):
         assert [step for step, _ in scalars[tag]] == iteration_steps, tag
     learning_rate = module.Args().learning_rate
     np.testing.assert_allclose(

@@ -111,14 +111,17 @@ print(faults[-1])
     assert faults["default"] > 0 and faults["kept"] <= faults["default"] / 100, faults
 
 
-def assert_short_atari_run_logged(run_dir: str, batch_size: int, iterations: int = 4):
+def assert_short_atari_run_logged(
+    run_dir: str, batch_size: int, iterations: int = 4, tags=PPO_TAGS, loss_tag: str = "losses/value_loss"
+):
     """A short Breakout run of an Atari script logged every tag at the end of every iteration,
-    annealed the learning rate from 2.5e-4, and logged whole games, each at a step of its own."""
+    annealed the learning rate from 2.5e-4, and logged whole games, each at a step of its own.
+    tags: those the script promises; loss_tag: a loss that must be finite at every iteration."""
     scalars = read_scalars(run_dir)
-    for tag in PPO_TAGS:
+    for tag in tags:
         assert tag in scalars, tag
     assert [step for step, _ in scalars["charts/SPS"]] == [batch_size * (i + 1) for i in range(iterations)]
-    assert all(np.isfinite(value) for _, value in scalars["losses/value_loss"])
+    assert all(np.isfinite(value) for _, value in scalars[loss_tag])
     np.testing.assert_allclose(
         [v for _, v in scalars["charts/learning_rate"]], [2.5e-4 * (1 - i / iterations) for i in range(iterations)]
     )

@@ -16,7 +16,12 @@ MARK = "# this script"
 # gains a block joins its family's list.
 JAX = "ppo_atari_envpool_xla_jax_scan.py"
 ATARI_PPO = ["ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py", "ppo_atari_lstm.py"]  # torch PPO on Atari
-ATARI_TORCH = [*ATARI_PPO, "dqn_atari.py", "c51_atari.py"]  # videos of env 0's games step by step, evaluation
+ATARI_TORCH = [
+    *ATARI_PPO,
+    "dqn_atari.py",
+    "c51_atari.py",
+    "pqn_atari.py",
+]  # videos of env 0's games step by step, evaluation
 ATARI = [*ATARI_TORCH, JAX]  # saved models, the evaluation's report
 DETERMINISTIC_POLICIES = ["td3_continuous_action.py", "ddpg_continuous_action.py"]  # MuJoCo, replay buffer checkpointed
 WITH_CHECKPOINTS = [*ATARI_TORCH, JAX, *DETERMINISTIC_POLICIES]
@@ -24,15 +29,16 @@ FRAME_MEMORY = ["dqn_atari.py", "c51_atari.py"]  # the off-policy Atari scripts'
 # gymnasium's RecordVideo records their videos; finish_logging hands the files to wandb.
 SMALL_SCRIPTS = ["ppo.py", "ppo_continuous_action.py", "sac_continuous_action.py", *DETERMINISTIC_POLICIES]
 ALL = [*ATARI, "dqn.py", *SMALL_SCRIPTS]
+BF16_CNN = [*ATARI_PPO, "pqn_atari.py"]  # torch CNNs with --mixed-precision bf16
 BLOCKS = {
     "fail": ALL,
     "start_logging": ALL,
     "Progress": ALL,
     "finish_logging": [*SMALL_SCRIPTS, "dqn.py"],
     "check_env_exists": ["dqn.py", "ppo_continuous_action.py", "sac_continuous_action.py", *DETERMINISTIC_POLICIES],
-    "warn_if_bf16_is_slow": [*ATARI_PPO, "c51_atari.py"],
-    "keep_freed_memory": [*ATARI_PPO, *DETERMINISTIC_POLICIES],
-    "acting_copy": ATARI_PPO,
+    "warn_if_bf16_is_slow": [*BF16_CNN, "c51_atari.py"],
+    "keep_freed_memory": [*BF16_CNN, *DETERMINISTIC_POLICIES],
+    "acting_copy": BF16_CNN,
     "capped_cubic": ATARI,
     "VideoRecorder": ATARI_TORCH,
     "save_model": [*ATARI, "dqn.py"],

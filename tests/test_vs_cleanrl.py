@@ -137,7 +137,7 @@ def test_cleanrls_envpool_script_gets_the_old_gym_api_it_was_written_for(tmp_pat
 def test_bad_input_is_a_one_line_error(tmp_path):
     assert_user_error(run_tool("vs_cleanrl.py", "--cleanrl-dir", str(tmp_path), cwd=tmp_path), "checkout of CleanRL")
     os.makedirs(tmp_path / "cleanrl")
-    for name in {pair.script for pair in PAIRS.values()}:  # every pair's CleanRL script is there
+    for name in {pair.cleanrl_file[: -len(".py")] for pair in PAIRS.values()}:  # every pair's CleanRL script
         (tmp_path / "cleanrl" / f"{name}.py").write_text("")
     result = run_tool("vs_cleanrl.py", "--cleanrl-dir", str(tmp_path), "--rounds", "0", cwd=tmp_path)
     assert_user_error(result, "--rounds")

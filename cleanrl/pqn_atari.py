@@ -1,0 +1,736 @@
+"""PQN on Atari (gymnasium 1.x + ale-py), one file.
+
+Parallel Q-Networks (Gallici et al., ICLR 2025): Q-learning without a replay memory or a target
+network. Many games play in parallel with an epsilon-greedy policy; each rollout's Q(lambda)-returns,
+bootstrapped with max_a Q, are the regression targets of a few epochs of minibatch updates, and the
+LayerNorms of the Q-network keep that bootstrapping stable. The games run in ale-py's C++ vector
+environment with ppo_atari.py's preprocessing. Beside the algorithm: bf16 autocast, checkpoints and
+resume, videos, and evaluation of a saved model.
+Docs: docs/pqn_atari.md
+"""
+
+import copy
+import ctypes
+import fcntl
+import glob
+import hashlib
+import os
+import random
+import re
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import ale_py
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.optim as optim
+import tyro
+from ale_py.vector_env import AtariVectorEnv
+from torch.utils.tensorboard import SummaryWriter
+
+
+@dataclass
+class Args:
+    # Experiment
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment (environment i gets seed + i)"""
+    torch_deterministic: bool = True
+    """if toggled, sets `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda is used when available"""
+    track: bool = False
+    """if toggled, the run is tracked with Weights and Biases"""
+    wandb_project_name: str = "cleanRL"
+    """the wandb project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of the wandb project"""
+    capture_video: bool = False
+    """if toggled, env 0's games 0, 1, 8, 27, ..., then every 1000th, are saved as mp4 to `videos/{run_name}/`"""
+    save_model: bool = False
+    """if toggled, the Q-network is saved to `runs/{run_name}/{exp_name}.cleanrl_model` and evaluated"""
+    eval_checkpoint: str | None = None
+    """if set, no training: load this saved model and play `eval_episodes` full games"""
+    eval_episodes: int = 10
+    """the number of full games played by the evaluation"""
+    eval_epsilon: float = 0.05
+    """the exploration rate of the evaluation's epsilon-greedy policy"""
+    mixed_precision: Literal["none", "bf16"] = "none"
+    """bf16 autocasts the network's forward passes; Q-values, returns, loss and optimizer stay fp32"""
+    progress_interval: float = 30.0
+    """the minimum seconds between two progress lines on stderr (the first and the last always print)"""
+    checkpoint_every: int = 0
+    """write a checkpoint to `runs/{run_name}/checkpoints/` every K iterations and at the end (0: never)"""
+    resume: str | None = None
+    """a checkpoint file to continue its run from, or `auto`: the newest of this env_id, exp_name and seed"""
+
+    # Environment
+    env_id: str = "BreakoutNoFrameskip-v4"
+    """the game: `BreakoutNoFrameskip-v4`, `ALE/Breakout-v5` and `Breakout-v5` all name Breakout"""
+    repeat_action_probability: float = 0.0
+    """sticky actions; 0 is the NoFrameskip-v4 / envpool convention behind the published PQN scores"""
+    max_episode_steps: int = 27_000
+    """the time limit of a game in agent steps (108,000 frames, as v5); a game cut by it is bootstrapped"""
+
+    # Algorithm
+    total_timesteps: int = 10_000_000
+    """total environment steps (agent steps, each 4 emulator frames) of the experiment"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the RAdam optimizer"""
+    num_envs: int = 8
+    """the number of parallel game environments"""
+    num_steps: int = 128
+    """the number of steps run in each environment per rollout"""
+    anneal_lr: bool = True
+    """toggle learning rate annealing to zero over the run"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    num_minibatches: int = 4
+    """the number of mini-batches"""
+    update_epochs: int = 4
+    """the K epochs to update the Q-network"""
+    max_grad_norm: float = 10.0
+    """the maximum norm for the gradient clipping"""
+    start_e: float = 1.0
+    """the starting epsilon of the exploration"""
+    end_e: float = 0.01
+    """the final epsilon of the exploration"""
+    exploration_fraction: float = 0.10
+    """the fraction of `total_timesteps` over which epsilon decays from start_e to end_e"""
+    q_lambda: float = 0.65
+    """the lambda of the Q(lambda)-returns (0: one-step Q-learning targets, 1: Monte Carlo returns)"""
+
+    # Computed at run time (hidden from the command line: a value given there would be overwritten)
+    batch_size: tyro.conf.Suppress[int] = 0
+    """the batch size (num_envs * num_steps)"""
+    minibatch_size: tyro.conf.Suppress[int] = 0
+    """the mini-batch size (batch_size // num_minibatches)"""
+    num_iterations: tyro.conf.Suppress[int] = 0
+    """the number of iterations (total_timesteps // batch_size)"""
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment
+# ---------------------------------------------------------------------------------------------
+def atari_game(env_id: str) -> str:
+    """Maps `BreakoutNoFrameskip-v4`, `ALE/Breakout-v5` or `Breakout-v5` to the ROM name `breakout`."""
+    gym.register_envs(ale_py)
+    for candidate in (env_id, f"ALE/{env_id}"):
+        try:
+            spec = gym.spec(candidate)
+        except gym.error.Error:
+            continue
+        if "game" in spec.kwargs:
+            return spec.kwargs["game"]
+    fail(f"unknown Atari env id {env_id!r} (try BreakoutNoFrameskip-v4 or ALE/Breakout-v5)")
+
+
+def make_envs(env_id, num_envs, repeat_action_probability, max_episode_steps=27_000, noop_max=30, rgb_frames=False):
+    # Life loss and reward clipping are applied by the training loop, not here: ale-py's
+    # `episodic_life=True` restarts the whole game at each life loss, which is not the usual trick
+    # (the game goes on with its remaining lives), and the real game gives the episode statistics
+    # the whole unclipped score. SAME_STEP autoreset: a finished game's step already returns the
+    # next game's first observation, so no fake transition enters the rollout. rgb_frames: the same
+    # games as full 210x160 RGB screens (for videos) instead of the agent's 84x84 grayscale stacks.
+    return AtariVectorEnv(
+        atari_game(env_id),
+        num_envs,
+        num_threads=min(num_envs, os.cpu_count() or 1),
+        repeat_action_probability=repeat_action_probability,
+        max_num_frames_per_episode=max_episode_steps * 4,
+        autoreset_mode="SameStep",
+        noop_max=noop_max,
+        frameskip=4,
+        maxpool=True,
+        use_fire_reset=True,
+        img_height=210 if rgb_frames else 84,
+        img_width=160 if rgb_frames else 84,
+        grayscale=not rgb_frames,
+        stack_num=1 if rgb_frames else 4,
+        episodic_life=False,
+        reward_clipping=False,
+    )
+
+
+class EpisodeStatistics:
+    """Running score and length of the game each environment is playing."""
+
+    def __init__(self, num_envs: int):
+        self.returns = np.zeros(num_envs, dtype=np.float64)
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
+
+    def step(self, rewards: np.ndarray, game_over: np.ndarray) -> list[tuple[int, float, int]]:
+        """Adds one step of unclipped rewards; returns (env index, return, length) of finished games."""
+        self.returns += rewards
+        self.lengths += 1
+        finished = [(i, float(self.returns[i]), int(self.lengths[i])) for i in np.flatnonzero(game_over)]
+        self.returns[game_over] = 0.0
+        self.lengths[game_over] = 0
+        return finished
+
+
+# ---------------------------------------------------------------------------------------------
+# Network
+# ---------------------------------------------------------------------------------------------
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class LayerNorm2d(nn.LayerNorm):
+    """nn.LayerNorm([channels, height, width]): each sample's whole feature map normalized, one weight
+    and bias per element. Computed on the channels-last layout the convolutions use (a view, no copy):
+    the same numbers as nn.LayerNorm, which would convert the layout there and the next convolution
+    back again (an fp32 update 1.4x faster on a 2-core CPU than all in the default layout, 1.8x than
+    nn.LayerNorm on channels-last maps)."""
+
+    def forward(self, x):
+        nhwc = x.permute(0, 2, 3, 1)
+        weight, bias = self.weight.permute(1, 2, 0), self.bias.permute(1, 2, 0)
+        return F.layer_norm(nhwc, nhwc.shape[1:], weight, bias, self.eps).permute(0, 3, 1, 2)
+
+
+class QNetwork(nn.Module):
+    """The Nature CNN with a LayerNorm after each convolution and after the 512-unit layer, one Q-value
+    per action. The LayerNorms are what lets PQN bootstrap from its own Q-values without a target network."""
+
+    def __init__(self, num_actions: int):
+        super().__init__()
+        self.network = nn.Sequential(
+            layer_init(nn.Conv2d(4, 32, 8, stride=4)),
+            LayerNorm2d([32, 20, 20]),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            LayerNorm2d([64, 9, 9]),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            LayerNorm2d([64, 7, 7]),
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512)),
+            nn.LayerNorm(512),
+            nn.ReLU(),
+        )
+        self.head = layer_init(nn.Linear(512, num_actions))
+
+    def forward(self, obs):
+        # obs: (batch, 4, 84, 84) uint8. Channels-last lets the conv kernels run without layout
+        # shuffles. The layout changes while the batch is still uint8, and the one conversion goes
+        # straight to the dtype the convs compute in (bf16 under autocast or in a bf16 copy).
+        device = obs.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.network[0].weight.dtype
+        hidden = self.network(obs.contiguous(memory_format=torch.channels_last).to(dtype).div_(255.0))
+        # The head runs in fp32 even under bf16 autocast: the Q-values pick the greedy action and are
+        # the bootstrap of the returns, where bf16's 3 significant digits would show.
+        with torch.autocast(device, enabled=False):
+            return self.head(hidden.float())
+
+
+def acting_copy(agent: QNetwork, dtype: torch.dtype) -> QNetwork:  # this script
+    """A copy of the agent for acting only: its conv body stored in dtype, its heads in fp32 as under
+    autocast. Refreshed with `load_state_dict(agent.state_dict())`, which casts, before each rollout."""
+    acting = copy.deepcopy(agent).requires_grad_(False)
+    acting.network.apply(lambda m: m.to(dtype) if isinstance(m, nn.Conv2d | nn.Linear) else None)  # this script
+    return acting
+
+
+# ---------------------------------------------------------------------------------------------
+# The math: small pure functions, tested alone
+# ---------------------------------------------------------------------------------------------
+def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> float:
+    """Epsilon at step t: from start_e down to end_e in a straight line over `duration` steps, then end_e."""
+    if t >= duration:
+        return end_e
+    return start_e + (end_e - start_e) * t / duration
+
+
+def epsilon_greedy(q_values: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """One action per row of q_values (batch, num_actions): uniform with probability epsilon (each row on
+    a coin of its own), else the argmax. It draws as many numbers from torch's stream whatever the coins."""
+    batch, num_actions = q_values.shape
+    explore = torch.rand(batch, device=q_values.device) < epsilon
+    random_actions = torch.randint(num_actions, (batch,), device=q_values.device)
+    return torch.where(explore, random_actions, q_values.argmax(dim=1))
+
+
+def q_lambda_returns(rewards, values, dones, next_value, gamma: float, q_lambda: float):
+    """Q(lambda)-returns over one rollout, computed backwards:
+        G_t = r_t + gamma * (1 - d_t) * (lambda * G_{t+1} + (1 - lambda) * max_a Q(s_{t+1}, a)),
+    a lambda-weighted mix of the n-step returns, each bootstrapped with max_a Q. rewards, dones:
+    (num_steps, num_envs), dones[t] = 1 where step t ended the (learning) episode; values[t] = max_a
+    Q(s_t, a), as the rollout computed it; next_value: (num_envs,), max_a Q of the observation after
+    the last step, which is also G_{num_steps} (so the last step's target is the one-step one)."""
+    returns = torch.empty_like(rewards)
+    next_return, next_max_q = next_value, next_value
+    for t in reversed(range(rewards.shape[0])):
+        bootstrap = q_lambda * next_return + (1.0 - q_lambda) * next_max_q
+        next_return = rewards[t] + gamma * (1.0 - dones[t]) * bootstrap
+        returns[t] = next_return
+        next_max_q = values[t]
+    return returns
+
+
+def main(args: Args):
+    args.batch_size = args.num_envs * args.num_steps
+    args.minibatch_size = args.batch_size // max(args.num_minibatches, 1)
+    args.num_iterations = args.total_timesteps // max(args.batch_size, 1)
+    check_args(args)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    warn_if_bf16_is_slow(args.mixed_precision, device)
+    keep_freed_memory()
+    autocast = torch.autocast(device.type, torch.bfloat16, enabled=args.mixed_precision == "bf16")
+
+    # The run is named after the game it plays: an evaluation's is the saved model's.
+    env_id = load_model(args.eval_checkpoint, device)[1]["env_id"] if args.eval_checkpoint else args.env_id
+    run_name = f"{env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if args.eval_checkpoint is not None:  # no training: play the saved model's games
+        writer = start_logging(args, run_name, None)
+        run_evaluation(args, device, writer, run_name)
+        writer.close()
+        return
+    checkpoint = load_checkpoint(args.resume, args) if args.resume is not None else None
+    run_name = checkpoint["run_name"] if checkpoint else run_name  # a resumed run goes on in its own folder
+    checkpoint_folder = f"runs/{run_name}/checkpoints"
+    run_lock = lock_run(checkpoint_folder) if args.checkpoint_every or checkpoint else None
+    writer = start_logging(args, run_name, checkpoint)
+
+    # Environment i gets seed + i. The games in progress at a checkpoint are not in it: a resumed run
+    # starts new games, on seeds the run has not used (seed + iteration * num_envs + i).
+    env_seed = args.seed + (checkpoint["iteration"] if checkpoint else 0) * args.num_envs
+    envs = make_envs(args.env_id, args.num_envs, args.repeat_action_probability, args.max_episode_steps)
+    q_network = QNetwork(int(envs.single_action_space.n)).to(device).to(memory_format=torch.channels_last)
+    optimizer = optim.RAdam(q_network.parameters(), lr=args.learning_rate)
+    # Under bf16 the rollout's batch-of-8 forwards act with a copy of the Q-network whose convolutions
+    # and 512-unit layer are stored in bf16, its LayerNorms and head in fp32: the numbers of autocast
+    # (which runs a LayerNorm's bf16 input against fp32 weights), without casting every weight again at
+    # each forward. Refreshed once an iteration.
+    acting_network = acting_copy(q_network, torch.bfloat16) if args.mixed_precision == "bf16" else q_network
+
+    # Rollout storage. Observations stay uint8: 4x less memory and copying than float.
+    obs = torch.zeros((args.num_steps, args.num_envs, 4, 84, 84), dtype=torch.uint8, device=device)
+    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
+    rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
+    dones = torch.zeros((args.num_steps, args.num_envs), device=device)
+    values = torch.zeros((args.num_steps, args.num_envs), device=device)  # max_a Q(s_t, a)
+
+    start_iteration, global_step, env0_games, recent_returns = 0, 0, 0, deque(maxlen=20)
+    if checkpoint is not None:
+        q_network.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        torch.set_rng_state(checkpoint["rng_state"]["torch"])
+        cuda_states = checkpoint["rng_state"]["cuda"] or []  # a resume may run on a machine with fewer GPUs
+        torch.cuda.set_rng_state_all(cuda_states[: torch.cuda.device_count()])
+        start_iteration, global_step = checkpoint["iteration"], checkpoint["global_step"]
+        env0_games = checkpoint["env0_games"]  # the games env 0 finished: videos go on numbering from there
+        recent_returns.extend(checkpoint["recent_returns"])  # for the progress lines only
+
+    next_obs_np, info = envs.reset(seed=env_seed)
+    next_obs = torch.from_numpy(next_obs_np).to(device)
+    lives = info["lives"].copy()
+    episode_stats = EpisodeStatistics(args.num_envs)
+    progress = Progress(args.num_iterations * args.batch_size, args.progress_interval)
+    video = VideoRecorder(f"videos/{run_name}", args.env_id, env_seed, args, env0_games) if args.capture_video else None
+    exploration_steps = args.exploration_fraction * args.total_timesteps
+    start_time, start_global_step, sps = time.time(), global_step, 0
+
+    for iteration in range(start_iteration + 1, args.num_iterations + 1):
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / args.num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        if acting_network is not q_network:
+            acting_network.load_state_dict(q_network.state_dict())  # this iteration's weights, cast once
+        for step in range(args.num_steps):
+            global_step += args.num_envs
+            epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
+            obs[step] = next_obs
+            with torch.inference_mode():
+                q_values = acting_network(next_obs)
+                action = epsilon_greedy(q_values, epsilon)
+            values[step] = q_values.max(dim=1).values
+            actions[step] = action
+
+            action = action.cpu().numpy()
+            next_obs_np, reward, terminated, truncated, info = envs.step(action)
+            game_over = terminated | truncated
+            # Episodic life: losing a life ends the learning episode (the game goes on), which makes
+            # the cost of losing a life visible to the agent.
+            life_lost = info["lives"] < lives
+            lives = info["lives"].copy()
+            clipped_reward = np.sign(reward).astype(np.float32)
+            if truncated.any():
+                # A time limit is not a death: bootstrap from max_a Q of the real last observation,
+                # which SAME_STEP autoreset keeps in info["final_obs"].
+                with torch.inference_mode():
+                    final_values = acting_network(torch.from_numpy(info["final_obs"]).to(device)).max(dim=1).values
+                bootstrap = args.gamma * final_values.cpu().numpy() * (truncated & ~terminated)
+                clipped_reward = clipped_reward + bootstrap.astype(np.float32)
+            rewards[step] = torch.from_numpy(clipped_reward).to(device)
+            dones[step] = torch.from_numpy(game_over | life_lost).to(device)
+            next_obs = torch.from_numpy(next_obs_np).to(device)
+
+            if video is not None:
+                video.step(action[0])
+            env0_games += bool(game_over[0])
+            # The env steps of one vector step count as consecutive global steps, env 0 first, so
+            # every game is logged at a step of its own.
+            for i, episodic_return, episodic_length in episode_stats.step(reward, game_over):
+                recent_returns.append(episodic_return)
+                writer.add_scalar("charts/episodic_return", episodic_return, global_step - args.num_envs + i + 1)
+                writer.add_scalar("charts/episodic_length", episodic_length, global_step - args.num_envs + i + 1)
+
+        with torch.inference_mode():
+            next_value = acting_network(next_obs).max(dim=1).values
+        returns = q_lambda_returns(rewards, values, dones, next_value, args.gamma, args.q_lambda)
+
+        b_obs = obs.reshape((-1, 4, 84, 84))
+        b_actions = actions.reshape(-1)
+        b_returns = returns.reshape(-1)
+
+        # No target network and no replay: a few epochs of regression of Q(s, a) to the rollout's returns.
+        for epoch in range(args.update_epochs):
+            b_inds = torch.randperm(args.batch_size, device=device)
+            for start in range(0, args.batch_size, args.minibatch_size):
+                mb_inds = b_inds[start : start + args.minibatch_size]
+                mb_obs = torch.index_select(b_obs, 0, mb_inds)  # 4x faster than b_obs[mb_inds] on CPU
+                with autocast:
+                    q_taken = q_network(mb_obs).gather(1, b_actions[mb_inds, None]).squeeze(1)
+                loss = F.mse_loss(q_taken, b_returns[mb_inds])
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
+                optimizer.step()
+
+        sps = int((global_step - start_global_step) / (time.time() - start_time))
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        writer.add_scalar("charts/epsilon", epsilon, global_step)
+        writer.add_scalar("losses/td_loss", loss.item(), global_step)
+        writer.add_scalar("losses/q_values", q_taken.detach().mean().item(), global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        progress.show(global_step, sps, recent_returns)
+
+        if args.checkpoint_every and (iteration % args.checkpoint_every == 0 or iteration == args.num_iterations):
+            writer.flush()  # everything up to this checkpoint is on disk before it counts
+            state = dict(model=q_network.state_dict(), optimizer=optimizer.state_dict(), iteration=iteration)
+            state.update(global_step=global_step, env0_games=env0_games, recent_returns=list(recent_returns))
+            save_checkpoint(checkpoint_folder, f"iteration-{iteration:07d}.pt", state, args, run_name)
+
+    recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "n/a"
+    print(
+        f"finished {args.num_iterations} iterations, {global_step} steps, {sps} SPS, "
+        f"mean return of the last {len(recent_returns)} games {recent}"
+    )
+    envs.close()
+    if video is not None:
+        video.close()
+    if args.save_model:
+        model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
+        save_model(model_path, q_network, args)
+        print(f"model saved to {model_path}")
+        run_evaluation(args, device, writer, run_name, q_network)
+    writer.close()
+    if run_lock is not None:
+        run_lock.close()
+
+
+# =============================================================================================
+# Run infrastructure: what makes a run watchable, resumable and reusable; not the algorithm. Each block
+# is the same text in every script that has it (tests/test_blocks.py), but for lines marked `# this script`.
+# =============================================================================================
+def fail(message: str):
+    """A user error: one line naming the problem, a non-zero exit, no traceback."""
+    sys.exit(f"error: {message}")
+
+
+def check_args(args: Args):
+    if "/" in args.exp_name or not args.exp_name:  # it names the run's folder and the model file in it
+        fail(f"--exp-name {args.exp_name!r} must be a name without '/'")
+    # Below 0, each trains silently wrong: ascent of the loss, flipped gradients
+    for name in ("learning_rate", "max_grad_norm"):
+        if getattr(args, name) < 0:
+            fail(f"--{name.replace('_', '-')} must not be negative, got {getattr(args, name)}")
+    for name in ("gamma", "q_lambda", "start_e", "end_e", "exploration_fraction", "eval_epsilon"):
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            fail(f"--{name.replace('_', '-')} must lie in [0, 1], got {getattr(args, name)}")
+    # Env i gets seed + i, and a resumed run new seeds past the ones used (main): the emulator takes 32-bit seeds.
+    last_env_seed = args.seed + (max(args.num_iterations, 1) + 1) * args.num_envs
+    if args.seed < 0 or last_env_seed >= 2**31:
+        fail(f"--seed {args.seed}: the run's env seeds, up to {last_env_seed:,}, must lie in [0, 2**31)")
+    if not 0 <= args.repeat_action_probability < 1:  # at 1 no action of the agent's would ever be played
+        fail(f"--repeat-action-probability must lie in [0, 1), got {args.repeat_action_probability}")
+    if min(args.num_envs, args.num_steps, args.num_minibatches, args.update_epochs, args.eval_episodes) < 1:
+        fail("--num-envs, --num-steps, --num-minibatches, --update-epochs and --eval-episodes must be positive")
+    if args.batch_size % args.num_minibatches != 0:
+        fail(f"num_envs * num_steps = {args.batch_size} is not divisible by num_minibatches = {args.num_minibatches}")
+    if args.max_episode_steps < 1:
+        fail(f"--max-episode-steps must be positive, got {args.max_episode_steps}")
+    if args.max_episode_steps >= 2**29:  # the emulator counts a game's frames, 4 a step, in 32 bits
+        fail(
+            f"--max-episode-steps {args.max_episode_steps:,} overflows the emulator's frame counter: at most 2**29 - 1"
+        )
+    atari_game(args.env_id)  # an unknown env id fails here, before anything is written
+    if args.eval_checkpoint is None and args.num_iterations < 1:
+        fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch ({args.batch_size} steps)")
+    if args.checkpoint_every < 0:
+        fail(f"--checkpoint-every must be 0 (never) or positive, got {args.checkpoint_every}")
+
+
+def warn_if_bf16_is_slow(mixed_precision: str, device: torch.device):
+    # oneDNN has bf16 kernels only on CPUs with AVX-512 (or ARM's bf16); elsewhere autocast emulates
+    # bf16, and training runs several times slower than fp32 (8x on a 2-core AVX2 EPYC).
+    if mixed_precision == "bf16" and device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        print("warning: this CPU has no fast bf16 (oneDNN needs AVX-512): bf16 runs slower than fp32", file=sys.stderr)
+
+
+def keep_freed_memory():
+    # glibc gives each large freed block back to the OS, and the next minibatch faults it in again page
+    # by page: kept for reuse instead, a CPU iteration is up to 1.1x faster in fp32, 1.1-1.2x in bf16, with
+    # the same peak memory. As MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=2147483647; no-op without glibc.
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's <malloc.h>
+    libc.mallopt(M_MMAP_MAX, 0)  # large blocks come from the heap, not a mapping of their own ...
+    libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)  # ... and the heap's free top is kept, not trimmed
+
+
+def start_logging(args: Args, run_name: str, checkpoint: dict | None) -> SummaryWriter:
+    """TensorBoard events in runs/{run_name}, and wandb under --track. A resumed run goes on in its own
+    directory and wandb run, and hides what its interrupted attempt logged after the checkpoint."""
+    if args.track:
+        import wandb
+
+        project = dict(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), save_code=True)
+        wandb.init(**project, name=run_name, id=run_name, resume="allow", sync_tensorboard=True)  # id: resumable
+    writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
+    if checkpoint is None:
+        table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    return writer
+
+
+class Progress:
+    """Plain progress lines on stderr, alike on a terminal and in a log file (Slurm, nohup, a container):
+    at most one every `interval` seconds, and always the first and the last one."""
+
+    def __init__(self, total_steps: int, interval: float):
+        self.total, self.interval, self.last_print = total_steps, interval, -float("inf")
+
+    def show(self, global_step: int, sps: int, recent_returns: deque):
+        if time.time() - self.last_print < self.interval and global_step < self.total:
+            return
+        self.last_print = time.time()
+        recent = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
+        eta = (self.total - global_step) // max(sps, 1)
+        line = f"{global_step:,}/{self.total:,} steps | {sps:,} SPS | return (last {len(recent_returns)}) {recent}"
+        print(f"{line} | ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}", file=sys.stderr, flush=True)
+
+
+def capped_cubic(game: int) -> bool:
+    """Games 0, 1, 8, 27, ..., 729, then every 1000th: many videos early, few in a long run."""
+    return round(game ** (1 / 3)) ** 3 == game if game < 1000 else game % 1000 == 0
+
+
+class VideoRecorder:
+    """Records games of env 0 as RGB mp4 files, `{folder}/game-{k}.mp4` for the k-th game. The agent's
+    envs give only 84x84 grayscale stacks, so a one-env shadow of env 0 (same game, seed and settings,
+    full 210x160 RGB screens) is given env 0's actions and plays the identical game. Each screen goes
+    straight to an ffmpeg process, which encodes beside training and never holds a whole game. A video
+    holds its game's first screen and one per step; `close()` keeps a game still in play up to its last
+    screen. Under --track each finished file goes to wandb."""
+
+    def __init__(self, folder: str, env_id: str, seed: int, args: Args, first_game=0, schedule=capped_cubic):
+        os.makedirs(folder, exist_ok=True)
+        self.folder, self.schedule, self.game, self.track, self.ffmpeg = folder, schedule, first_game, args.track, None
+        sticky, time_limit = args.repeat_action_probability, args.max_episode_steps
+        self.shadow = make_envs(env_id, 1, sticky, time_limit, rgb_frames=True)  # this script
+        screen, _ = self.shadow.reset(seed=seed)  # this script
+        self.start_game(screen[0, -1])  # this script
+
+    def start_game(self, screen):
+        if self.schedule(self.game):
+            import imageio_ffmpeg  # imported here: only video runs pay for it
+
+            self.path = os.path.join(self.folder, f"game-{self.game}.mp4")
+            self.ffmpeg = imageio_ffmpeg.write_frames(self.path, (160, 210), fps=30, macro_block_size=1)
+            self.ffmpeg.send(None)  # starts ffmpeg
+            self.ffmpeg.send(np.ascontiguousarray(screen))
+
+    def step(self, action_env0: int):
+        screen, _, terminated, truncated, info = self.shadow.step(np.array([action_env0]))
+        game_over = terminated[0] or truncated[0]  # this script
+        shown = info["final_obs"][0, -1] if game_over else screen[0, -1]  # this script: the screen this step showed
+        if self.ffmpeg is not None and shown is not None:
+            self.ffmpeg.send(np.ascontiguousarray(shown))
+        if game_over:
+            self.end_video()
+            self.game += 1
+            self.start_game(screen[0, -1])  # this script
+
+    def end_video(self):
+        if self.ffmpeg is not None:
+            self.ffmpeg.close()
+            self.ffmpeg = None
+            if self.track:
+                import wandb
+
+                wandb.log({"videos/game": wandb.Video(self.path, format="mp4")}, commit=False)
+
+    def close(self):
+        self.end_video()
+        self.shadow.close()
+
+
+def save_model(path: str, agent: nn.Module, args: Args):
+    # Written to a temporary file and renamed, so a crash never leaves a truncated file.
+    model = {"model": agent.state_dict(), "num_actions": agent.head.out_features}  # this script
+    torch.save({**model, "args": vars(args)}, path + ".tmp")  # this script
+    os.replace(path + ".tmp", path)
+
+
+def load_model(path: str, device) -> tuple[nn.Module, dict]:
+    if not os.path.isfile(path):
+        fail(f"checkpoint {path!r} does not exist")
+    try:
+        payload = torch.load(path, map_location=device, weights_only=True)  # this script
+        agent = QNetwork(payload["num_actions"]).to(device).to(memory_format=torch.channels_last)  # this script
+        agent.load_state_dict(payload["model"])  # this script
+    except Exception as e:  # any unreadable or foreign file is the same user error
+        fail(f"checkpoint {path!r} is not a readable {os.path.basename(__file__)} model ({type(e).__name__})")
+    return agent, dict(payload["args"])
+
+
+def evaluate(agent: nn.Module, env_id: str, eval_episodes: int, device, args: Args, seed=0, video_folder=None) -> list:
+    """Plays `eval_episodes` whole games (all lives, unclipped score) with the agent's policy. Each env plays
+    a fixed quota of games: keeping the first games to finish would favour short (bad) ones."""
+    num_envs = min(8, eval_episodes)
+    quota = [eval_episodes // num_envs + (i < eval_episodes % num_envs) for i in range(num_envs)]
+    envs = make_envs(env_id, num_envs, args.repeat_action_probability, args.max_episode_steps)  # this script
+    autocast = torch.autocast(device.type, torch.bfloat16, enabled=args.mixed_precision == "bf16")  # this script
+    video = (
+        VideoRecorder(video_folder, env_id, seed, args, schedule=lambda game: game < quota[0]) if video_folder else None
+    )
+    stats, returns = EpisodeStatistics(num_envs), [[] for _ in range(num_envs)]
+    obs, _ = envs.reset(seed=seed)  # this script
+    while any(len(r) < q for r, q in zip(returns, quota)):
+        with torch.inference_mode(), autocast:  # this script
+            q_values = agent(torch.from_numpy(obs).to(device))  # this script
+            action = epsilon_greedy(q_values, args.eval_epsilon).cpu().numpy()  # this script
+        obs, reward, terminated, truncated, info = envs.step(action)
+        if video is not None:
+            video.step(action[0])
+        for i, episodic_return, _ in stats.step(reward, terminated | truncated):  # this script
+            if len(returns[i]) < quota[i]:
+                returns[i].append(episodic_return)
+    envs.close()
+    if video is not None:
+        video.close()
+    return [r for env_returns in returns for r in env_returns]
+
+
+def run_evaluation(args: Args, device, writer: SummaryWriter, run_name: str, agent=None) -> list:
+    """Plays --eval-episodes games with the trained agent, or else with the model --eval-checkpoint names,
+    under this command's emulator settings; prints and logs their returns."""
+    env_id = args.env_id
+    if agent is None:
+        agent, saved_args = load_model(args.eval_checkpoint, device)
+        env_id = saved_args["env_id"]
+        for name in ("repeat_action_probability", "max_episode_steps"):
+            if saved_args.get(name, getattr(args, name)) != getattr(args, name):
+                flag, value = name.replace("_", "-"), getattr(args, name)
+                print(
+                    f"warning: evaluating with --{flag} {value}; the model was trained with {saved_args[name]}",
+                    file=sys.stderr,
+                )
+    video_folder = f"videos/{run_name}-eval" if args.capture_video else None
+    returns = evaluate(agent, env_id, args.eval_episodes, device, args, args.seed, video_folder)
+    for i, episodic_return in enumerate(returns):
+        print(f"eval_episode={i}, episodic_return={episodic_return}")
+        writer.add_scalar("eval/episodic_return", episodic_return, i)
+    print(f"eval: mean return {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} games")
+    return returns
+
+
+def lock_run(folder: str):
+    """Holds the run's checkpoint folder while the returned file stays open: a second process resuming the
+    same run (a job started twice) would log every step twice and remove the other's checkpoints."""
+    os.makedirs(folder, exist_ok=True)
+    lock = open(os.path.join(folder, "lock"), "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fail(f"{folder} is in use: another process is running this run (stop it, or wait for it to end)")
+    return lock
+
+
+# The resume rule of every script: a resumed run may change how it is watched and saved, and where it
+# runs, never what it learns. Every other argument must be the checkpoint's.
+RESUMABLE_CHANGES = {"track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_episodes"}
+RESUMABLE_CHANGES |= {"eval_checkpoint", "progress_interval", "checkpoint_every", "resume"}
+RESUMABLE_CHANGES |= {"cuda", "eval_epsilon"}  # this script: where it runs, how it is evaluated
+
+
+def save_checkpoint(folder: str, name: str, state: dict, args: Args, run_name: str, keep: int = 2):
+    """Writes `state`, the random streams, the arguments and the script's SHA-256 to `folder/name`: to a
+    temporary file, synced and renamed, so a crash leaves the previous checkpoint or this one, never half
+    a file. The newest `keep` checkpoints are kept."""
+    path = os.path.join(folder, name)
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []  # this script
+    state = {**state, "rng_state": {"torch": torch.get_rng_state(), "cuda": cuda_rng}}  # this script
+    state.update(
+        args=vars(args), run_name=run_name, script_sha256=hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    )
+    with open(path + ".tmp", "wb") as f:
+        torch.save(state, f)  # this script
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+    pattern = os.path.join(folder, "*.pt")  # this script
+    # by the number in the name: as text, step-1000000000 would come before step-999000000
+    numbered = sorted(glob.glob(pattern), key=lambda path: int(re.sub(r"\D", "", os.path.basename(path))))
+    for older in numbered[:-keep]:
+        os.remove(older)
+    print(f"checkpoint {path}", flush=True)
+
+
+def load_checkpoint(resume: str, args: Args) -> dict | None:
+    """The checkpoint `--resume` names; `auto`: the newest of this env id, exp_name and seed in runs/, or
+    None when there is none. Its run's arguments must be this command's, but for RESUMABLE_CHANGES."""
+    if resume == "auto":
+        run_prefix = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__"
+        found = glob.glob(os.path.join("runs", f"{glob.escape(run_prefix)}*", "checkpoints", "*.pt"))  # this script
+        if not found:
+            print(f"--resume auto: no checkpoint of {run_prefix}* in runs/, starting a new run")
+            return None
+        resume = max(found, key=os.path.getmtime)
+    if not os.path.isfile(resume):
+        fail(f"--resume {resume!r}: no such checkpoint file (pass a runs/*/checkpoints/ file or auto)")
+    try:
+        checkpoint = torch.load(resume, map_location="cpu", weights_only=True)  # this script: read whole (20 MB)
+        saved_args, run_name, global_step = dict(checkpoint["args"]), checkpoint["run_name"], checkpoint["global_step"]
+    except Exception as e:  # an unreadable file, or a saved model instead of a checkpoint
+        fail(f"--resume {resume!r} is not a readable {os.path.basename(__file__)} checkpoint ({type(e).__name__})")
+    for name, value in vars(args).items():
+        if name not in RESUMABLE_CHANGES and saved_args.get(name) != value:
+            fail(f"--resume: the checkpoint's run has {name}={saved_args.get(name)!r}, this command {value!r}")
+    print(f"resuming {run_name} at step {global_step:,} from {resume}", flush=True)
+    if checkpoint.get("script_sha256") != hashlib.sha256(Path(__file__).read_bytes()).hexdigest():
+        print(f"warning: {os.path.basename(__file__)} has changed since the checkpoint: the run goes on with it")
+    return checkpoint
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
