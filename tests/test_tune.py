@@ -176,9 +176,10 @@ def first_run_started(process: subprocess.Popen, study: str = "ppo-CartPole-v1")
 
 
 def tuner_with_a_long_run(cwd) -> tuple[subprocess.Popen, int]:
-    """A tuner of one trial whose run trains long, 2 s after the run started: (the tuner, the run's pid)."""
+    """A tuner of one trial whose run trains long (minutes: a loaded machine may take 25 s to see it start), 2 s
+    after the run started: (the tuner, the run's pid)."""
     process = start_tuner(
-        "--command", f"{PPO} --total-timesteps 100000", "--env-ids", "CartPole-v1",
+        "--command", f"{PPO} --total-timesteps 1000000", "--env-ids", "CartPole-v1",
         "--param", "learning-rate=log:1e-4:1e-2", "--n-trials", "1", *QUICK, cwd=cwd,
     )  # fmt: skip
     _, run_pid, _ = first_run_started(process)
