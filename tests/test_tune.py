@@ -784,7 +784,7 @@ def test_the_slurm_array_tuners_get_this_tuners_options_and_the_study_is_made_fi
     )
 
 
-def fake_tuner_with_a_long_run(cwd, seconds: int = 20) -> tuple[subprocess.Popen, int]:
+def fake_tuner_with_a_long_run(cwd, seconds: int = 120) -> tuple[subprocess.Popen, int]:
     """A tuner of one trial of the fake whose run would go on for `seconds`, once the run has started: (the tuner,
     the run's pid)."""
     process = start_tuner(
