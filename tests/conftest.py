@@ -1,5 +1,6 @@
 import fcntl
 import os
+import shutil
 import sys
 import tempfile
 
@@ -51,10 +52,12 @@ def restore_torch_threads():
 
 
 @pytest.fixture
-def make_hosts(tmp_path):
+def make_hosts():
     """make_hosts(n) -> a benchmark/hosts.py Cluster of n hosts (node1 .. nodeN, each its own address,
-    name and disk under tmp_path/hosts), removed after the test whatever its outcome. Skips where hosts
-    cannot be made (not root, no network namespaces), saying why."""
+    name and disk under a new folder /tmp/hosts-XXXXXXXX), removed after the test whatever its outcome.
+    Skips where hosts cannot be made (not root, no network namespaces), saying why. The folder is short,
+    not pytest's tmp_path: the daemons on the hosts (munged, slurmstepd) make Unix sockets in it, whose
+    paths must fit in 108 bytes, and under pytest-xdist tmp_path alone takes 70."""
     from benchmark.hosts import Cluster, hosts_missing
 
     if reason := hosts_missing():
@@ -62,7 +65,7 @@ def make_hosts(tmp_path):
     made = []
 
     def make(n: int, rate: str | None = None) -> Cluster:
-        made.append(Cluster(n, str(tmp_path / "hosts")).up())
+        made.append(Cluster(n, tempfile.mkdtemp(prefix="hosts-", dir="/tmp")).up())
         if rate is not None:
             made[-1].limit(rate)
         return made[-1]
@@ -70,3 +73,4 @@ def make_hosts(tmp_path):
     yield make
     for cluster in made:
         cluster.down()
+        shutil.rmtree(cluster.root, ignore_errors=True)

@@ -253,6 +253,11 @@ class SlurmOnHosts:
         path = os.path.join(self.cluster.disk(host), "slurm", f"{daemon}.log")
         return open(path).read()[-3000:] if os.path.exists(path) else f"(no {path})"
 
+    def logs(self) -> str:
+        """slurmctld's log and every slurmd's, their ends."""
+        daemons = [(1, "slurmctld")] + [(i, "slurmd") for i in range(1, self.cluster.n + 1)]
+        return "".join(f"\n--- node{i}'s {daemon}.log:\n{self.log(i, daemon)}" for i, daemon in daemons)
+
 
 @contextlib.contextmanager
 def slurm_on_hosts(cluster, cpus: int = 1, **options):
@@ -268,10 +273,10 @@ def slurm_on_hosts(cluster, cpus: int = 1, **options):
     write_slurm_files(shared, f"node1({cluster.address(1)})", nodes, cpus, **options)
     with open(os.path.join(shared, "slurm.conf")) as f:
         conf = f.read().replace(shared, folder)
-    if len(f"{folder}/munge.socket") >= 108:
-        raise RuntimeError(
-            f"{folder}/munge.socket is too long for a Unix socket address: give the hosts a shorter root"
-        )
+    # the longest Unix socket made there: slurmstepd's, one per job step (NODE_JOBID.STEPID, ids up to 2**32)
+    socket = f"{folder}/spool/node{cluster.n}_{2**32}.{2**32}"
+    if len(socket) >= 108:
+        raise RuntimeError(f"{socket} is too long for a Unix socket address: give the hosts a shorter root")
     slurm = SlurmOnHosts(cluster, {"SLURM_CONF": f"{folder}/slurm.conf"})
     sbin = f"{os.environ.get('PATH', '')}:/usr/sbin"
     daemons = []
@@ -316,14 +321,19 @@ def slurm_on_hosts(cluster, cpus: int = 1, **options):
         shutil.rmtree(shared, ignore_errors=True)
 
 
-def wait_for_slurm_jobs(environment: dict, timeout: float, run=None) -> None:
+def wait_for_slurm_jobs(environment: dict, timeout: float, run=None, logs=None) -> None:
     """Returns when Slurm has no job left in its queue (every array task has ended). `run(argv)` runs squeue
-    (default: here, with `environment`; SlurmOnHosts.run for a cluster of hosts)."""
+    (default: here, with `environment`; SlurmOnHosts.run for a cluster of hosts). On a timeout it raises with
+    the queue, the nodes and `logs()` (the daemons' logs' ends), which say why a job waits."""
     run = run or (lambda argv: subprocess.run(argv, env={**os.environ, **environment}, capture_output=True, text=True))
     deadline = time.time() + timeout
     while time.time() < deadline:
-        queue = run(["squeue", "-h", "-o", "%i %T"])
+        queue = run(["squeue", "-h", "-o", "%i %T %r"])
         if queue.returncode == 0 and not queue.stdout.strip():
             return
         time.sleep(1)
-    raise AssertionError(f"Slurm jobs still queued or running after {timeout} s: {queue.stdout}")
+    nodes = run(["sinfo", "-N", "-o", "%N %T %E"])
+    raise AssertionError(
+        f"Slurm jobs still queued or running after {timeout} s (job, state, reason):\n{queue.stdout}{queue.stderr}"
+        f"nodes:\n{nodes.stdout}{nodes.stderr}{logs() if logs else ''}"
+    )

@@ -41,15 +41,6 @@ SMALL = ["--local-num-envs", "2", "--num-steps", "32", "--num-minibatches", "2",
 ITERATION = 128
 
 
-pytestmark = [
-    pytestmark,
-    pytest.mark.skip(
-        reason="failed in the clean-clone CI at a94a130 (2026-12-07): every job stayed PENDING beside the rest of the "
-        "suite (passed alone); to be found before these run again"
-    ),
-]
-
-
 @pytest.fixture
 def slurm_hosts(make_hosts):
     """slurm_hosts(n, **options) -> a SlurmOnHosts on n new hosts (options: slurm.conf settings), stopped after."""
@@ -90,7 +81,7 @@ def test_the_multinode_template_trains_one_run_on_two_nodes_with_equal_parameter
     args = [*SMALL, "--total-timesteps", str(3 * ITERATION), "--progress-interval", "0"]
     submit = slurm.run(["sbatch", f"--chdir={work}", MULTINODE, *args], cwd=REPO_ROOT, env=JOB_ENVIRONMENT)
     job = submitted_job(submit)
-    wait_for_slurm_jobs(slurm.environment, timeout=180, run=slurm.run)
+    wait_for_slurm_jobs(slurm.environment, timeout=180, run=slurm.run, logs=slurm.logs)
 
     output = open(on_disk(slurm, 1, f"{work}/slurm-{job}.out")).read()  # the batch script ran on the first node
     assert f"job {job}, start 1: nodes node[1-2], rendezvous node1:29400" in output, output
@@ -114,7 +105,7 @@ def test_run_py_array_tasks_run_on_both_nodes_and_keep_their_logs_and_runs_there
     command = f"{PPO} --total-timesteps 1024"
     runner = [sys.executable, RUN_PY, "--env-ids", "CartPole-v1", "--seeds", "1", "2", "--slurm", "--job-name", "study"]
     job = submitted_job(slurm.run([*runner, *RESOURCES, "--command", command], cwd=study, env=JOB_ENVIRONMENT))
-    wait_for_slurm_jobs(slurm.environment, timeout=180, run=slurm.run)
+    wait_for_slurm_jobs(slurm.environment, timeout=180, run=slurm.run, logs=slurm.logs)
 
     hosts = []
     for task, seed in enumerate((1, 2)):
@@ -144,7 +135,7 @@ def test_tune_py_tuners_on_both_nodes_share_one_study_on_node1s_postgresql(slurm
             *("--window", "10", "--read-interval", "1", "--storage", url, "--slurm", "--array-tasks", "2"),
         ]
         job = submitted_job(slurm.run([*tuner, *RESOURCES], cwd=study, env=JOB_ENVIRONMENT))
-        wait_for_slurm_jobs(slurm.environment, timeout=240, run=slurm.run)
+        wait_for_slurm_jobs(slurm.environment, timeout=240, run=slurm.run, logs=slurm.logs)
         # the study as every node sees it: from node1, through the server
         study_of = f"optuna.load_study(study_name='ppo-CartPole-v1', storage='{url}')"
         show = f"import optuna; print([trial.state.name for trial in {study_of}.trials])"
@@ -180,7 +171,7 @@ def test_a_job_that_loses_a_node_is_requeued_on_the_others_and_resumes_from_its_
         assert time.time() < deadline, text_of(output_path)
         time.sleep(0.5)
     slurm.cluster.kill(2)  # a power cut: node2's slurmd, munged, torchrun and worker
-    wait_for_slurm_jobs(slurm.environment, timeout=240, run=slurm.run)
+    wait_for_slurm_jobs(slurm.environment, timeout=240, run=slurm.run, logs=slurm.logs)
 
     output = open(output_path).read()
     first, second = output.split(f"job {job}, start 2: ")
