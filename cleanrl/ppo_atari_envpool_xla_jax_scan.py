@@ -17,6 +17,7 @@ import os
 import queue
 import re
 import secrets
+import socket
 import sys
 import threading
 import time
@@ -120,6 +121,10 @@ class Args:
     """multi-host: the number of processes (default: $JAX_NUM_PROCESSES, or cluster detection)"""
     process_id: int | None = None
     """multi-host: the index of this process (default: $JAX_PROCESS_ID, or cluster detection)"""
+    join_timeout: int = 300
+    """multi-host: seconds a process waits for the coordinator and the others to join, then stops"""
+    heartbeat_timeout: int = 100
+    """multi-host: seconds without a word from a process (a cut link) before the job counts it lost and stops"""
 
     # Computed at run time (hidden from the command line: a value given there would be overwritten)
     num_devices: tyro.conf.Suppress[int] = 0
@@ -702,12 +707,56 @@ def join_hosts(args: Args):
     coordinator_address = args.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
     if not coordinator_address and (args.num_processes is not None or args.process_id is not None):
         fail("--num-processes and --process-id need --coordinator-address (or $JAX_COORDINATOR_ADDRESS)")
+    if args.join_timeout <= 0 or args.heartbeat_timeout <= 0:
+        fail(
+            f"--join-timeout and --heartbeat-timeout must be positive seconds, got {args.join_timeout}, "
+            f"{args.heartbeat_timeout}"
+        )
     slurm_tasks = os.environ.get("SLURM_STEP_NUM_TASKS", "1")  # set by srun: this step's processes
     if coordinator_address or (slurm_tasks.isdigit() and int(slurm_tasks) > 1):
         env_int = lambda name: int(os.environ[name]) if name in os.environ else None
         num_processes = args.num_processes if args.num_processes is not None else env_int("JAX_NUM_PROCESSES")
         process_id = args.process_id if args.process_id is not None else env_int("JAX_PROCESS_ID")
-        jax.distributed.initialize(coordinator_address, num_processes, process_id)
+        if coordinator_address:  # under Slurm without one, JAX takes it from Slurm's variables
+            check_coordinator(coordinator_address, process_id, args.join_timeout)
+        jax.distributed.initialize(
+            coordinator_address,
+            num_processes,
+            process_id,
+            initialization_timeout=args.join_timeout,
+            heartbeat_timeout_seconds=args.heartbeat_timeout,
+        )
+
+
+def check_coordinator(address: str, process_id: int | None, timeout: int):
+    """What would otherwise end in JAX's own abort (a C++ stack trace) or a silent wait: a coordinator
+    address that is not HOST:PORT or does not resolve, its port taken on process 0's host, a coordinator
+    that no other process reaches within the join timeout. Each is a one-line error naming the address."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        fail(f"--coordinator-address must be HOST:PORT, got {address!r}")
+    host = host.strip("[]")  # an IPv6 address in brackets
+    try:
+        socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        fail(f"the coordinator's host {host!r} does not resolve on {socket.gethostname()}: {e.strerror}")
+    if process_id == 0:  # the coordinator's service will listen on this port of every address of this host
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server's: TIME_WAIT is no owner
+            try:
+                probe.bind(("0.0.0.0", int(port)))
+            except OSError as e:
+                fail(f"the coordinator's port {port} is taken on {socket.gethostname()}: {e.strerror}")
+        return
+    deadline = time.time() + timeout  # process 0 starts the service when it joins: wait for it to listen
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+            return
+        except OSError as e:
+            if time.time() > deadline:
+                fail(f"no coordinator answers at {address} from {socket.gethostname()} in {timeout} s: {e}")
+            time.sleep(1)
 
 
 def on_device(tree, device):
@@ -970,6 +1019,7 @@ def lock_run(folder: str):
 RESUMABLE_CHANGES = {"track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_episodes"}
 RESUMABLE_CHANGES |= {"eval_checkpoint", "progress_interval", "checkpoint_every", "resume"}
 RESUMABLE_CHANGES |= {"coordinator_address", "num_processes", "process_id"}  # this script: where it runs
+RESUMABLE_CHANGES |= {"join_timeout", "heartbeat_timeout"}  # this script: how long it waits for the others
 RESUMABLE_CHANGES |= {"num_devices", "local_num_envs", "local_batch_size"}  # this script: the job split anew
 
 

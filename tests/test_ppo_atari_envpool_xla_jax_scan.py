@@ -4,6 +4,7 @@ import glob
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -693,6 +694,9 @@ def test_bf16_training_run_gives_finite_losses(tmp_path):
     assert "warning: XLA:CPU has no fast bf16 path: bf16 runs slower than fp32" in result.stderr
 
 
+PROCESS_0_OF_2, PROCESS_1_OF_2 = (["--num-processes", "2", "--process-id", str(i)] for i in (0, 1))
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -704,11 +708,21 @@ def test_bf16_training_run_gives_finite_losses(tmp_path):
         (["--eval-checkpoint", "missing.cleanrl_model"], "does not exist"),
         (["--checkpoint-every", "-1"], "--checkpoint-every must be 0 (never) or positive"),
         (["--num-processes", "2", "--process-id", "0"], "need --coordinator-address"),
+        (["--coordinator-address", "nowhere.invalid:7777", *PROCESS_1_OF_2], "host 'nowhere.invalid' does not resolve"),
+        # nothing listens on loopback's port 1: a coordinator that never starts, given up on after --join-timeout
+        (["--coordinator-address", "127.0.0.1:1", "--join-timeout", "2", *PROCESS_1_OF_2], "in 2 s: [Errno 111]"),
         (["--clip-coef", "-0.1"], "--clip-coef must not be negative, got -0.1"),
     ],
 )
 def test_bad_input_is_a_one_line_error(tmp_path, args, message):
     assert_user_error(run_script(SCRIPT, *args, cwd=tmp_path), message)
+
+
+def test_a_coordinator_port_taken_on_process_0s_host_is_a_one_line_error(tmp_path):
+    with socket.create_server(("0.0.0.0", 0)) as taken:
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        result = run_script(SCRIPT, "--coordinator-address", address, *PROCESS_0_OF_2, cwd=tmp_path)
+    assert_user_error(result, f"the coordinator's port {address.split(':')[1]} is taken on ")
 
 
 def test_values_out_of_range_are_one_line_errors_naming_the_flag():
