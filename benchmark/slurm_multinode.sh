@@ -29,5 +29,5 @@ echo "job $SLURM_JOB_ID, start $((${SLURM_RESTART_COUNT:-0} + 1)): nodes $SLURM_
 # --max-restarts: a worker that dies is restarted with the others from the newest checkpoint; a lost node
 # leaves the others waiting at the rendezvous until Slurm marks it DOWN and requeues the job.
 srun torchrun --nnodes="$SLURM_NNODES" --nproc-per-node="${SLURM_GPUS_ON_NODE:-1}" \
-  --rdzv-backend=c10d --rdzv-endpoint="$head:29400" --rdzv-id="$SLURM_JOB_ID" --max-restarts=3 \
-  "$script" --checkpoint-every 50 --resume auto "$@"
+  --rdzv-backend=c10d --rdzv-endpoint="$head:29400" --rdzv-id="$SLURM_JOB_ID" --rdzv-conf=read_timeout=300 \
+  --max-restarts=3 "$script" --checkpoint-every 50 --resume auto "$@"

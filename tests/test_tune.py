@@ -799,7 +799,11 @@ def test_sighup_of_a_closed_terminal_stops_the_runs_cleanly_and_queues_the_trial
     process, run_pid = fake_tuner_with_a_long_run(tmp_path)
     time.sleep(1)
     process.send_signal(signal.SIGHUP)
-    output = process.communicate(timeout=60)[0]
+    try:
+        output = process.communicate(timeout=120)[0]
+    except subprocess.TimeoutExpired as e:  # what it had said, and who still runs: the tuner, the run
+        process.kill()
+        raise AssertionError(f"{e.output}\ntuner alive: {process.poll() is None}, run alive: {is_alive(run_pid)}")
     assert process.returncode == 130, output
     assert output.strip().splitlines()[-1] == "error: interrupted: stopped trial(s) 0 (failed, and queued to run again)"
     assert not is_alive(run_pid)
