@@ -30,7 +30,11 @@ def elastic_job(iterations: int, *extra: str, max_restarts: int = 3) -> list[str
     """The docs' elastic command for every training host, at a tiny budget: 1 to 2 nodes of one process."""
     return [
         *(TORCHRUN, "--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d", "--rdzv-endpoint=node3:29400"),
-        *("--rdzv-id=cluster-test", "--rdzv-conf=last_call_timeout=1,read_timeout=300", f"--max-restarts={max_restarts}"),
+        *(
+            "--rdzv-id=cluster-test",
+            "--rdzv-conf=last_call_timeout=1,read_timeout=300",
+            f"--max-restarts={max_restarts}",
+        ),
         *("--monitor-interval=0.5", SCRIPT, "--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2"),
         *("--update-epochs", "1", "--total-timesteps", str(iterations * ITERATION), "--checkpoint-every", "2"),
         *("--resume", "auto", *extra),
