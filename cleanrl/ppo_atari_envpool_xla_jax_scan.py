@@ -728,6 +728,10 @@ def join_hosts(args: Args):
         )
 
 
+# How long the hosts wait for each other: a resumed run may change it (it is not what the run learns).
+WAITING_FOR_HOSTS = {"join_timeout", "heartbeat_timeout"}
+
+
 def check_coordinator(address: str, process_id: int | None, timeout: int):
     """What would otherwise end in JAX's own abort (a C++ stack trace) or a silent wait: a coordinator
     address that is not HOST:PORT or does not resolve, its port taken on process 0's host, a coordinator
@@ -1018,8 +1022,7 @@ def lock_run(folder: str):
 # runs, never what it learns. Every other argument must be the checkpoint's.
 RESUMABLE_CHANGES = {"track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_episodes"}
 RESUMABLE_CHANGES |= {"eval_checkpoint", "progress_interval", "checkpoint_every", "resume"}
-RESUMABLE_CHANGES |= {"coordinator_address", "num_processes", "process_id"}  # this script: where it runs
-RESUMABLE_CHANGES |= {"join_timeout", "heartbeat_timeout"}  # this script: how long it waits for the others
+RESUMABLE_CHANGES |= {"coordinator_address", "num_processes", "process_id"} | WAITING_FOR_HOSTS  # this script: hosts
 RESUMABLE_CHANGES |= {"num_devices", "local_num_envs", "local_batch_size"}  # this script: the job split anew
 
 

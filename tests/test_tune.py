@@ -447,6 +447,8 @@ def postgresql():
 
 
 def start_tuner(*args: str, cwd) -> subprocess.Popen:
+    """The tuner as a terminal starts it: SIGHUP at its default even where the tests run under nohup (the
+    tuner keeps nohup's SIG_IGN, by design, and would never see the SIGHUP test's signal)."""
     return subprocess.Popen(
         [sys.executable, os.path.join(REPO_ROOT, "benchmark", "tune.py"), *args],
         cwd=cwd,
@@ -454,6 +456,7 @@ def start_tuner(*args: str, cwd) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
     )
 
 
