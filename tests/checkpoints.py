@@ -1,6 +1,7 @@
 """Checkpoints and resume, through a script's public seams: `main(Args)`, its files, its output and
 `lock_run`. Shared by the tests of the scripts that checkpoint."""
 
+import dataclasses
 import os
 import re
 import shutil
@@ -115,6 +116,23 @@ def assert_torch_model_is_the_checkpoints(checkpoint_path: str, model_path: str)
     saved = torch.load(model_path, weights_only=True)["model"]
     for name, value in last["model"].items():
         assert torch.equal(saved[name], value), name
+
+
+def assert_the_random_stream_goes_on_after_a_resume(module, folder, monkeypatch):
+    """An on-policy Atari script draws as many numbers from torch's stream every iteration whatever the games
+    (sampled actions or exploration coins, shuffled minibatches): a run resumed from its iteration-2
+    checkpoint ends iteration 4 with the stream where the run that never stopped left it, not where a fresh
+    start would."""
+    monkeypatch.chdir(folder)
+    args = dict(num_envs=2, num_steps=32, num_minibatches=2, update_epochs=1, cuda=False)
+    run = module.Args(**args, total_timesteps=4 * 64, checkpoint_every=2)
+    module.main(run)
+    (run_dir,) = run_dirs(folder)
+    last = os.path.join(run_dir, "checkpoints", "iteration-0000004.pt")
+    uninterrupted = torch.load(last, weights_only=True)["rng_state"]["torch"]
+    os.remove(last)
+    module.main(dataclasses.replace(run, resume="auto"))
+    assert torch.equal(torch.load(last, weights_only=True)["rng_state"]["torch"], uninterrupted)
 
 
 def assert_the_newest_checkpoints_are_kept_by_their_number(module, folder, prefix: str, digits: int, extension="pt"):

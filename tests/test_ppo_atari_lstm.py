@@ -2,7 +2,6 @@
 where a learning episode begins, carried through the rollout, and replayed by whole env sequences."""
 
 import dataclasses
-import os
 
 import numpy as np
 import pytest
@@ -10,6 +9,7 @@ import torch
 from checkpoints import (
     assert_run_resumes_where_its_checkpoint_left_it,
     assert_the_newest_checkpoints_are_kept_by_their_number,
+    assert_the_random_stream_goes_on_after_a_resume,
 )
 from evaluation import (
     assert_corrupt_checkpoint_rejected,
@@ -405,19 +405,7 @@ def test_a_resumed_run_restores_its_state_and_goes_on_in_its_directory(tmp_path,
 
 
 def test_after_a_resume_the_random_stream_goes_on_from_the_checkpoint(tmp_path, monkeypatch):
-    # Every iteration draws as many numbers from torch's stream (sampled actions, shuffled envs) whatever
-    # the games: a run resumed from its iteration-2 checkpoint ends iteration 4 with the stream where the
-    # run that never stopped left it.
-    monkeypatch.chdir(tmp_path)
-    args = dict(num_envs=2, num_steps=32, num_minibatches=2, update_epochs=1, cuda=False)
-    run = ppo_lstm.Args(**args, total_timesteps=4 * 64, checkpoint_every=2)
-    ppo_lstm.main(run)
-    (run_dir,) = run_dirs(tmp_path)
-    last = os.path.join(run_dir, "checkpoints", "iteration-0000004.pt")
-    uninterrupted = torch.load(last, weights_only=True)["rng_state"]["torch"]
-    os.remove(last)
-    ppo_lstm.main(dataclasses.replace(run, resume="auto"))
-    assert torch.equal(torch.load(last, weights_only=True)["rng_state"]["torch"], uninterrupted)
+    assert_the_random_stream_goes_on_after_a_resume(ppo_lstm, tmp_path, monkeypatch)
 
 
 def test_the_newest_checkpoints_are_kept_by_their_number(tmp_path):

@@ -10,6 +10,7 @@ import tyro
 from checkpoints import (
     assert_run_resumes_where_its_checkpoint_left_it,
     assert_the_newest_checkpoints_are_kept_by_their_number,
+    assert_the_random_stream_goes_on_after_a_resume,
 )
 from evaluation import (
     assert_evaluation_printed,
@@ -452,19 +453,7 @@ def test_a_resumed_run_restores_its_state_and_goes_on_in_its_directory(tmp_path,
 
 
 def test_after_a_resume_the_random_stream_goes_on_from_the_checkpoint(tmp_path, monkeypatch):
-    # Every iteration draws as many numbers from torch's stream (exploration coins and random actions,
-    # shuffled minibatches) whatever the games: a run resumed from its iteration-2 checkpoint ends
-    # iteration 4 with the stream where the run that never stopped left it, not where a fresh start would.
-    monkeypatch.chdir(tmp_path)
-    args = dict(num_envs=2, num_steps=32, num_minibatches=2, update_epochs=1, cuda=False)
-    run = pqn_atari.Args(**args, total_timesteps=4 * 64, checkpoint_every=2)
-    pqn_atari.main(run)
-    (run_dir,) = run_dirs(tmp_path)
-    last = os.path.join(run_dir, "checkpoints", "iteration-0000004.pt")
-    uninterrupted = torch.load(last, weights_only=True)["rng_state"]["torch"]
-    os.remove(last)
-    pqn_atari.main(dataclasses.replace(run, resume="auto"))
-    assert torch.equal(torch.load(last, weights_only=True)["rng_state"]["torch"], uninterrupted)
+    assert_the_random_stream_goes_on_after_a_resume(pqn_atari, tmp_path, monkeypatch)
 
 
 def test_the_newest_checkpoints_are_kept_by_their_number(tmp_path):
